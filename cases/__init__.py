@@ -1,0 +1,5 @@
+"""The case registry: `Case`, deterministic inputs, named suites and hypothesis strategies."""
+from .case import Case, CaseError, DTYPES, GATES, OPS
+from .inputs import input_hash, make_inputs, make_inputs_f64
+
+__all__ = ["Case", "CaseError", "DTYPES", "GATES", "OPS", "input_hash", "make_inputs", "make_inputs_f64"]

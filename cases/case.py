@@ -1,0 +1,256 @@
+"""The `Case`: one fully specified parity test, immutable and JSON-serialisable.
+
+A case fixes everything that decides the inputs and the computation: the op, the
+shapes (FLA layout: q, k [B, T, H, K]; v [B, T, H, V]; state [N, H, K, V]), the
+dtype of q/k/v/do, the chunk size, the gating kind and its parameters, the scale,
+whether an initial state is given and a final state returned, varlen sequence
+lengths (packed, B == 1), the seed, and the direction (fwd or fwdbwd).
+
+Its id is readable and round-trips:
+    simple_gla-fwdbwd-B2-T256-H4-K128-V128-bf16-C128-gamma_alibi-h0-ht
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+OPS = ("simple_gla", "gla", "kda")
+DIRECTIONS = ("fwd", "fwdbwd")
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+DTYPE_FROM_SHORT = {v: k for k, v in DTYPES.items()}
+CHUNK_SIZES = (16, 32, 64, 128)
+
+# Gating kinds: name -> (ops that accept it, parameter defaults in id order).
+#   g_logsig     g = logsigmoid(x) / norm, x ~ N(0, 1)      (per token; per channel for gla/kda)
+#   g_stress     g = -mag * U(0.5, 1.5) per token: |g| * chunk far beyond 88.7 (fp32 exp range)
+#   gamma_alibi  g_gamma = -ALiBi slope of head h, spread over layers like MiniMax/lightning
+#                attention: slope * (1 - layer / (layers - 1) + 1e-5)
+#   gamma_stress g_gamma = -mag * U(0.5, 1.5) per head
+GATES: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {
+    "g_logsig": (("simple_gla", "gla", "kda"), {"norm": 16}),
+    "g_stress": (("simple_gla", "gla", "kda"), {"mag": 2}),
+    "gamma_alibi": (("simple_gla",), {"layer": 0, "layers": 1}),
+    "gamma_stress": (("simple_gla",), {"mag": 1}),
+}
+
+
+class CaseError(ValueError):
+    """A case field is invalid; the message names the field and the allowed values."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    op: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    dtype: str = "float32"
+    chunk_size: int = 64
+    gate: str = "g_logsig"
+    gate_params: tuple[tuple[str, int], ...] = ()
+    scale: float | None = None
+    h0: bool = False
+    ht: bool = False
+    seqlens: tuple[int, ...] | None = None
+    seed: int = 0
+    direction: str = "fwdbwd"
+
+    def __post_init__(self):
+        # normalise containers so that equal cases compare and hash equal
+        params = dict(self.gate_params) if not isinstance(self.gate_params, dict) else self.gate_params
+        object.__setattr__(self, "gate_params", tuple(sorted((str(k), v) for k, v in params.items())))
+        if self.seqlens is not None:
+            object.__setattr__(self, "seqlens", tuple(self.seqlens))
+        if self.scale is not None:
+            object.__setattr__(self, "scale", float(self.scale))
+        self.validate()
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> None:
+        def bad(field, value, allowed):
+            raise CaseError(f"Case.{field}={value!r} is invalid: expected {allowed}")
+
+        if self.op not in OPS:
+            bad("op", self.op, f"one of {list(OPS)}")
+        for f in ("B", "T", "H", "K", "V"):
+            val = getattr(self, f)
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                bad(f, val, "a positive int")
+        if self.K > 256 or self.V > 256:
+            bad("K" if self.K > 256 else "V", max(self.K, self.V), "at most 256")
+        if self.dtype not in DTYPES:
+            bad("dtype", self.dtype, f"one of {list(DTYPES)}")
+        if self.chunk_size not in CHUNK_SIZES:
+            bad("chunk_size", self.chunk_size, f"one of {list(CHUNK_SIZES)}")
+        if self.gate not in GATES:
+            bad("gate", self.gate, f"one of {list(GATES)}")
+        ops, defaults = GATES[self.gate]
+        if self.op not in ops:
+            bad("gate", self.gate, f"a gate for op {self.op!r}: one of {[g for g, (o, _) in GATES.items() if self.op in o]}")
+        for k, v in self.gate_params:
+            if k not in defaults:
+                bad("gate_params", k, f"parameters of {self.gate!r}: {list(defaults)}")
+            if not isinstance(v, int) or isinstance(v, bool):
+                bad("gate_params", {k: v}, "int values")
+        p = self.gate_kwargs
+        if self.gate == "gamma_alibi" and not (p["layers"] >= 1 and 0 <= p["layer"] < p["layers"]):
+            bad("gate_params", p, "0 <= layer < layers")
+        if self.gate == "g_logsig" and p["norm"] < 1:
+            bad("gate_params", p, "norm >= 1")
+        if self.gate.endswith("stress") and p["mag"] <= 0:
+            bad("gate_params", p, "mag > 0")
+        if self.scale is not None and not self.scale > 0:
+            bad("scale", self.scale, "None (K**-0.5) or a positive float")
+        if self.seqlens is not None:
+            if self.B != 1:
+                bad("B", self.B, "1 when seqlens (varlen) is given")
+            if not self.seqlens or any(not isinstance(n, int) or n < 1 for n in self.seqlens):
+                bad("seqlens", self.seqlens, "a non-empty tuple of positive ints")
+            if sum(self.seqlens) != self.T:
+                bad("seqlens", self.seqlens, f"lengths summing to T={self.T}")
+        if self.direction not in DIRECTIONS:
+            bad("direction", self.direction, f"one of {list(DIRECTIONS)}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            bad("seed", self.seed, "a non-negative int")
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def gate_kwargs(self) -> dict[str, int]:
+        """Gate parameters with defaults filled in."""
+        return {**GATES[self.gate][1], **dict(self.gate_params)}
+
+    @property
+    def uses_g_gamma(self) -> bool:
+        return self.gate.startswith("gamma_")
+
+    @property
+    def N(self) -> int:
+        """Number of sequences (rows of the state)."""
+        return len(self.seqlens) if self.seqlens is not None else self.B
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...] | None:
+        if self.seqlens is None:
+            return None
+        out = [0]
+        for n in self.seqlens:
+            out.append(out[-1] + n)
+        return tuple(out)
+
+    @property
+    def scale_value(self) -> float:
+        return self.scale if self.scale is not None else self.K ** -0.5
+
+    @property
+    def backward(self) -> bool:
+        return self.direction == "fwdbwd"
+
+    @property
+    def gate_name(self) -> str:
+        """Name of the gate input: 'g' or 'g_gamma'."""
+        return "g_gamma" if self.uses_g_gamma else "g"
+
+    def output_names(self) -> list[str]:
+        """Names of the tensors every backend returns for this case, in report order."""
+        names = ["o"] + (["ht"] if self.ht else [])
+        if self.backward:
+            names += ["dq", "dk", "dv", "d" + self.gate_name]
+            if self.op == "kda":
+                names.append("dbeta")
+            if self.h0:
+                names.append("dh0")
+        return names
+
+    # ---------------------------------------------------------------- id / json
+    @property
+    def id(self) -> str:
+        parts = [self.op, self.direction, f"B{self.B}", f"T{self.T}", f"H{self.H}", f"K{self.K}",
+                 f"V{self.V}", DTYPES[self.dtype], f"C{self.chunk_size}"]
+        defaults = GATES[self.gate][1]
+        gate = self.gate + "".join(f".{k}{v}" for k, v in self.gate_params if defaults[k] != v)
+        parts.append(gate)
+        if self.scale is not None:
+            parts.append(f"s{self.scale!r}")
+        if self.h0:
+            parts.append("h0")
+        if self.ht:
+            parts.append("ht")
+        if self.seqlens is not None:
+            parts.append("lens" + "_".join(map(str, self.seqlens)))
+        if self.seed:
+            parts.append(f"seed{self.seed}")
+        return "-".join(parts)
+
+    def __str__(self) -> str:
+        return self.id
+
+    @classmethod
+    def from_id(cls, case_id: str) -> "Case":
+        toks = case_id.strip().split("-")
+        if len(toks) < 10:
+            raise CaseError(f"case id {case_id!r} is malformed: expected "
+                            "op-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-s#][-h0][-ht][-lens#_#][-seed#]")
+        op, direction = toks[0], toks[1]
+        dims = {}
+        for tok, name in zip(toks[2:7], "BTHKV"):
+            m = re.fullmatch(name + r"(\d+)", tok)
+            if not m:
+                raise CaseError(f"case id {case_id!r}: field {name} token {tok!r} should look like {name}64")
+            dims[name] = int(m.group(1))
+        if toks[7] not in DTYPE_FROM_SHORT:
+            raise CaseError(f"case id {case_id!r}: dtype token {toks[7]!r} not in {list(DTYPE_FROM_SHORT)}")
+        m = re.fullmatch(r"C(\d+)", toks[8])
+        if not m:
+            raise CaseError(f"case id {case_id!r}: chunk token {toks[8]!r} should look like C64")
+        gate, *gparts = toks[9].split(".")
+        gate_params = {}
+        for gp in gparts:
+            gm = re.fullmatch(r"([a-z]+)(-?\d+)", gp)
+            if not gm:
+                raise CaseError(f"case id {case_id!r}: gate parameter {gp!r} should look like name123")
+            gate_params[gm.group(1)] = int(gm.group(2))
+        kw: dict[str, Any] = {}
+        for tok in toks[10:]:
+            if tok == "h0":
+                kw["h0"] = True
+            elif tok == "ht":
+                kw["ht"] = True
+            elif tok.startswith("lens"):
+                kw["seqlens"] = tuple(int(x) for x in tok[4:].split("_"))
+            elif tok.startswith("seed"):
+                kw["seed"] = int(tok[4:])
+            elif re.fullmatch(r"s[0-9.e+]+", tok):
+                kw["scale"] = float(tok[1:])
+            else:
+                raise CaseError(f"case id {case_id!r}: unknown token {tok!r}")
+        return cls(op=op, direction=direction, dtype=DTYPE_FROM_SHORT[toks[7]],
+                   chunk_size=int(m.group(1)), gate=gate, gate_params=gate_params, **dims, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gate_params"] = dict(self.gate_params)
+        d["seqlens"] = list(self.seqlens) if self.seqlens is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Case":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - fields - {"id"}
+        if unknown:
+            raise CaseError(f"case dict has unknown field(s) {sorted(unknown)}: allowed {sorted(fields)}")
+        missing = {"op", "B", "T", "H", "K", "V"} - set(d)
+        if missing:
+            raise CaseError(f"case dict lacks required field(s) {sorted(missing)}")
+        kw = {k: v for k, v in d.items() if k in fields}
+        if kw.get("seqlens") is not None:
+            kw["seqlens"] = tuple(kw["seqlens"])
+        case = cls(**kw)
+        if "id" in d and d["id"] != case.id:
+            raise CaseError(f"case dict id {d['id']!r} does not match its fields (which give {case.id!r})")
+        return case
+
+    def replace(self, **changes) -> "Case":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,118 @@
+"""Deterministic inputs from a case alone.
+
+Every tensor comes from its own counter-based stream (numpy Philox keyed by
+sha256(seed, tensor name)), is drawn in float64 and then rounded once to its
+storage dtype (ml_dtypes for bfloat16). Torch and jax receive these exact bits;
+nothing here depends on the installed torch or jax.
+
+Tensors (FLA names and layout):
+    q, k        [B, T, H, K]   case dtype (kda: L2-normalised over K before rounding)
+    v           [B, T, H, V]   case dtype
+    g           [B, T, H]      float32 log-decay (simple_gla), or [B, T, H, K] (gla, kda)
+    g_gamma     [H]            float32 per-head log-decay (simple_gla, gamma_* gates)
+    beta        [B, T, H]      float32 in (0, 1) (kda)
+    initial_state [N, H, K, V] float32 (when case.h0)
+    cu_seqlens  [N + 1]        int64 (varlen cases)
+    do          [B, T, H, V]   case dtype (fwdbwd)
+    dht         [N, H, K, V]   float32 (fwdbwd with case.ht)
+Gates, beta and states stay float32 as in real models, where they are computed in
+float32 and the recurrent state is kept in float32.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import ml_dtypes
+import numpy as np
+
+from .case import Case
+
+STORAGE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+                  "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+FP32_INPUTS = ("g", "g_gamma", "beta", "initial_state", "dht")
+
+
+def rng_for(seed: int, name: str) -> np.random.Generator:
+    """A Philox stream keyed by (seed, tensor name): independent of draw order."""
+    key = int.from_bytes(hashlib.sha256(f"parity/{seed}/{name}".encode()).digest()[:16], "little")
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+def alibi_slopes(H: int) -> np.ndarray:
+    """ALiBi slopes for H heads (Press et al.), including non-powers of two. [H] float64."""
+    def power_of_2(n):
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+    if math.log2(H).is_integer():
+        return np.array(power_of_2(H))
+    closest = 2 ** math.floor(math.log2(H))
+    return np.array(power_of_2(closest) + list(alibi_slopes(2 * closest)[0::2][: H - closest]))
+
+
+def alibi_g_gamma(H: int, layer: int = 0, layers: int = 1) -> np.ndarray:
+    """g_gamma = -slope, spread over layers as in MiniMax / lightning attention:
+    slope * (1 - layer / (layers - 1) + 1e-5). Layer 0 has the steepest decay. [H] float64."""
+    factor = 1.0 if layers == 1 else 1.0 - layer / (layers - 1) + 1e-5
+    return -alibi_slopes(H) * factor
+
+
+def logsigmoid(x: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -x)
+
+
+def _gate(case: Case) -> tuple[str, np.ndarray]:
+    p = case.gate_kwargs
+    rng = rng_for(case.seed, case.gate_name)
+    shape = (case.B, case.T, case.H) if case.op == "simple_gla" else (case.B, case.T, case.H, case.K)
+    if case.gate == "g_logsig":
+        return "g", logsigmoid(rng.standard_normal(shape)) / p["norm"]
+    if case.gate == "g_stress":
+        return "g", -p["mag"] * rng.uniform(0.5, 1.5, shape)
+    if case.gate == "gamma_alibi":
+        return "g_gamma", alibi_g_gamma(case.H, p["layer"], p["layers"])
+    if case.gate == "gamma_stress":
+        return "g_gamma", -p["mag"] * rng.uniform(0.5, 1.5, (case.H,))
+    raise AssertionError(case.gate)  # Case validation makes this unreachable
+
+
+def make_inputs_f64(case: Case) -> dict[str, np.ndarray]:
+    """All inputs in float64, before rounding to their storage dtype."""
+    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
+    normal = lambda name, shape: rng_for(case.seed, name).standard_normal(shape)
+    x = {"q": normal("q", (B, T, H, K)), "k": normal("k", (B, T, H, K)), "v": normal("v", (B, T, H, V))}
+    if case.op == "kda":
+        for n in ("q", "k"):
+            x[n] = x[n] / np.linalg.norm(x[n], axis=-1, keepdims=True)
+    name, gate = _gate(case)
+    x[name] = gate
+    if case.op == "kda":
+        x["beta"] = 1.0 / (1.0 + np.exp(-normal("beta", (B, T, H))))
+    if case.h0:
+        x["initial_state"] = normal("initial_state", (N, H, K, V))
+    if case.backward:
+        x["do"] = normal("do", (B, T, H, V))
+        if case.ht:
+            x["dht"] = normal("dht", (N, H, K, V))
+    return x
+
+
+def make_inputs(case: Case) -> dict[str, np.ndarray]:
+    """The case's inputs in their storage dtypes (see module docstring)."""
+    out = {}
+    for name, val in make_inputs_f64(case).items():
+        dt = np.dtype(np.float32) if name in FP32_INPUTS else STORAGE_DTYPES[case.dtype]
+        out[name] = np.ascontiguousarray(val.astype(dt))
+    if case.seqlens is not None:
+        out["cu_seqlens"] = np.asarray(case.cu_seqlens, dtype=np.int64)
+    return out
+
+
+def input_hash(inputs: dict[str, np.ndarray]) -> str:
+    """sha256 over every input's name, dtype, shape and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(inputs):
+        a = np.ascontiguousarray(inputs[name])
+        h.update(f"{name}|{a.dtype.name}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

@@ -1,0 +1,2 @@
+"""Cross-framework parity harness for linear-attention kernels."""
+SCHEMA_VERSION = 1
