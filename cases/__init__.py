@@ -3,3 +3,6 @@ from .case import Case, CaseError, DTYPES, GATES, OPS
 from .inputs import input_hash, make_inputs, make_inputs_f64
 
 __all__ = ["Case", "CaseError", "DTYPES", "GATES", "OPS", "input_hash", "make_inputs", "make_inputs_f64"]
+from .suites import SUITES, get_suite, load_cases_file
+
+__all__ += ["SUITES", "get_suite", "load_cases_file"]

@@ -1,1 +1,86 @@
-"""Backends: oracle (float64), fla (FLA Triton), pallas (kernels_jax), user candidates."""
+"""Backends: oracle (float64), fla (FLA Triton), pallas / pallas-fused (kernels_jax), and
+user candidates given as NAME=FRAMEWORK:MODULE:FUNCTION (FRAMEWORK is jax or torch).
+
+Backends are named by strings so that worker processes can build them: `make_backend(spec)`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+
+from .base import Backend, BackendResult, Execution, Unsupported, execute
+
+BUILTIN = ("oracle", "fla", "pallas", "pallas-fused")
+CANDIDATE_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
+
+
+class SpecError(ValueError):
+    """A backend or candidate spec that cannot be used; the message is one line."""
+
+
+def parse_candidate(spec: str) -> tuple[str, str, str, str]:
+    m = CANDIDATE_RE.match(spec)
+    if not m:
+        raise SpecError(f"--candidate {spec!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla")
+    if m["fw"] not in ("jax", "torch"):
+        raise SpecError(f"--candidate {spec!r}: FRAMEWORK {m['fw']!r} is not one of ['jax', 'torch']")
+    if m["name"] in BUILTIN:
+        raise SpecError(f"--candidate {spec!r}: NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)}")
+    return m["name"], m["fw"], m["module"], m["func"]
+
+
+def load_candidate_function(spec: str):
+    name, fw, module, func = parse_candidate(spec)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module
+        raise SpecError(f"--candidate {spec!r}: cannot import module {module!r}: {type(e).__name__}: {e}") from None
+    fn = getattr(mod, func, None)
+    if not callable(fn):
+        raise SpecError(f"--candidate {spec!r}: module {module!r} has no function {func!r}")
+    return name, fw, fn
+
+
+def backend_name(spec: str) -> str:
+    return spec if spec in BUILTIN else parse_candidate(spec)[0]
+
+
+def make_backend(spec: str) -> Backend:
+    """A backend from a built-in name or a candidate spec."""
+    if spec == "oracle":
+        from .oracle import OracleBackend
+        return OracleBackend()
+    if spec == "fla":
+        from .fla import FlaBackend
+        return FlaBackend()
+    if spec in ("pallas", "pallas-fused"):
+        from .jax_backends import PallasBackend
+        return PallasBackend(spec)
+    name, fw, fn = load_candidate_function(spec)
+    if fw == "jax":
+        from .jax_backends import JaxCandidate
+        return JaxCandidate(name, fn, spec)
+    from .torch_candidate import TorchCandidate
+    return TorchCandidate(name, fn, spec)
+
+
+def check_specs(specs: list[str]) -> None:
+    """Validate backend names and candidate specs (importing candidates) before any case runs."""
+    seen = set()
+    for s in specs:
+        if s not in BUILTIN:
+            if "=" not in s:
+                raise SpecError(f"unknown backend {s!r}: expected one of {list(BUILTIN)} or a candidate NAME=FRAMEWORK:MODULE:FUNCTION")
+            load_candidate_function(s)
+        n = backend_name(s)
+        if n in seen:
+            raise SpecError(f"backend {n!r} given twice")
+        seen.add(n)
+
+
+__all__ = ["Backend", "BackendResult", "Execution", "Unsupported", "execute", "make_backend",
+           "check_specs", "backend_name", "parse_candidate", "SpecError", "BUILTIN"]

@@ -32,6 +32,8 @@ class Execution:
     implementation: str                # e.g. 'fla.ops.simple_gla.chunk_simple_gla'
     versions: dict[str, str]
     kernel_time_s: float | None = None  # wall time of the kernel calls alone (fwd + bwd)
+    # free-form facts, e.g. {'chunk_size': 64} when the kernel used another chunk size than
+    # the case, or {'unsupported_tensors': {'dg_gamma': 'why'}} for tensors it cannot produce
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -60,8 +62,11 @@ class Backend(Protocol):
         ...
 
 
-def check_tensors(case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Every expected tensor present, with the shape of the tensor it belongs to."""
+def check_tensors(case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any],
+                  unsupported: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Every expected tensor present (or named in `unsupported` with a reason), with the
+    shape of the tensor it belongs to."""
+    unsupported = unsupported or {}
     expected = {
         "o": (case.B, case.T, case.H, case.V), "ht": (case.N, case.H, case.K, case.V),
         "dq": inputs["q"].shape, "dk": inputs["k"].shape, "dv": inputs["v"].shape,
@@ -73,6 +78,8 @@ def check_tensors(case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, 
     out = {}
     for name in case.output_names():
         if name not in tensors or tensors[name] is None:
+            if name in unsupported:
+                continue
             raise ValueError(f"backend returned no {name!r} (expected {case.output_names()})")
         arr = np.asarray(tensors[name])
         if arr.shape != tuple(expected[name]):
@@ -89,7 +96,7 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
     base = dict(backend=backend.name, side=backend.side, tensors={})
     try:
         ex = backend.run(case, inputs)
-        tensors = check_tensors(case, inputs, ex.tensors)
+        tensors = check_tensors(case, inputs, ex.tensors, ex.notes.get("unsupported_tensors"))
     except Unsupported as e:
         return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a failing case must never stop the run

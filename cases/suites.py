@@ -1,0 +1,127 @@
+"""Named suites, defined as matrices with constraints rather than hand lists.
+
+Each suite is a function returning a list of `Case`s. A matrix is a product of axes;
+`covering` walks the product of the primary axes and rotates secondary axes (state,
+varlen, shapes) through it so that every value of every secondary axis meets every op.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .case import GATES, OPS, Case, CaseError
+
+
+def gates_for(op: str) -> list[str]:
+    return [g for g, (ops, _) in GATES.items() if op in ops]
+
+
+STATES = [dict(h0=False, ht=False), dict(h0=True, ht=True), dict(h0=True, ht=False), dict(h0=False, ht=True)]
+
+
+def covering(primary: Iterable[dict], secondary: dict[str, list[dict]]) -> list[Case]:
+    """One case per primary combination; secondary axis j takes value i mod len(axis_j)
+    (with a per-axis offset), so secondary values are spread evenly over the primary grid."""
+    cases = []
+    for i, p in enumerate(primary):
+        kw = dict(p)
+        for j, (_, values) in enumerate(secondary.items()):
+            kw.update(values[(i + 3 * j) % len(values)])
+        cases.append(Case(**kw))
+    return cases
+
+
+def _product(**axes) -> list[dict]:
+    names = list(axes)
+    return [dict(zip(names, vals)) for vals in itertools.product(*axes.values())]
+
+
+def smoke() -> list[Case]:
+    """Every op, forward and backward, fp32 and bf16: the quick end-to-end check (<= 12 cases)."""
+    base = dict(B=1, T=96, H=2, K=64, V=64)
+    return [
+        Case("simple_gla", **base, gate="g_logsig", h0=True, ht=True),
+        Case("simple_gla", **base, gate="gamma_alibi", dtype="bfloat16", chunk_size=128),
+        Case("simple_gla", **{**base, "T": 100}, gate="g_logsig", seqlens=(37, 1, 62), h0=True, ht=True),
+        Case("simple_gla", **base, gate="g_stress", direction="fwd"),
+        Case("gla", **base, h0=True, ht=True),
+        Case("gla", **base, dtype="bfloat16", direction="fwd"),
+        Case("kda", **base, h0=True, ht=True),
+        Case("kda", **base, dtype="bfloat16", direction="fwd"),
+    ]
+
+
+def ci() -> list[Case]:
+    """op x direction x dtype x chunk x gate, with initial/final state, varlen (boundaries
+    not aligned to the chunk) and wide K/V rotated through the grid."""
+    primary = [p for op in OPS for p in _product(op=[op], direction=["fwd", "fwdbwd"],
+                                                  dtype=["float32", "bfloat16"], chunk_size=[64, 128],
+                                                  gate=gates_for(op))]
+    shapes = [dict(B=2, T=128, H=2, K=64, V=64), dict(B=1, T=100, H=2, K=64, V=64),
+              dict(B=1, T=130, H=1, K=64, V=64, seqlens=(45, 1, 84)),
+              dict(B=1, T=64, H=1, K=128, V=256), dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130))]
+    return covering(primary, {"state": STATES, "shape": shapes})
+
+
+def stability() -> list[Case]:
+    """The NaN/Inf class: ALiBi g_gamma at chunk 128 with many heads (|gamma| * 128 > 88.7
+    for the first heads of the first layers), long-ish T, stress gates for every op."""
+    cases = [Case("simple_gla", B=1, T=256, H=16, K=64, V=64, chunk_size=128, gate="gamma_alibi",
+                  gate_params={"layer": layer, "layers": 20}, dtype=dtype, h0=True, ht=True)
+             for layer, dtype in [(0, "float32"), (0, "bfloat16"), (1, "bfloat16")]]
+    cases += [Case(op, B=1, T=256, H=2, K=64, V=64, chunk_size=chunk, gate=gate, dtype=dtype)
+              for op in OPS for gate in gates_for(op) if gate.endswith("stress")
+              for chunk, dtype in [(64, "float32"), (128, "bfloat16")]]
+    cases.append(Case("simple_gla", B=1, T=1024, H=4, K=64, V=64, chunk_size=128, gate="gamma_alibi",
+                      dtype="bfloat16", direction="fwd"))
+    return cases
+
+
+def varlen() -> list[Case]:
+    """Packed sequences of uneven lengths: length 1, shorter than a chunk, straddling chunk
+    boundaries, exactly one chunk."""
+    lens = [(1, 63, 64, 2), (100, 1, 27), (64, 65), (5, 1, 1, 120)]
+    return [Case(op, B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype,
+                 h0=h0, ht=True)
+            for op in OPS for ls, (chunk, dtype, h0) in zip(lens, itertools.cycle(
+                [(64, "float32", True), (128, "bfloat16", False), (64, "bfloat16", True)]))]
+
+
+def full() -> list[Case]:
+    """Realistic shapes for GPU and TPU runs (not for CPU interpreters)."""
+    shapes = _product(T=[2048, 8192], H=[16, 32], KV=[64, 128, 256], B=[1, 8])
+    shapes = [s for s in shapes if s["B"] * s["T"] * s["H"] <= 8 * 2048 * 32]
+    primary = [p for op in OPS for p in _product(op=[op], dtype=["float32", "bfloat16"],
+                                                  chunk_size=[64, 128], gate=gates_for(op))]
+    shape_axis = [dict(B=s["B"], T=s["T"], H=s["H"], K=s["KV"], V=s["KV"]) for s in shapes]
+    return covering(primary, {"state": STATES[:2], "shape": shape_axis})
+
+
+SUITES: dict[str, Callable[[], list[Case]]] = {
+    "smoke": smoke, "ci": ci, "stability": stability, "varlen": varlen, "full": full,
+}
+
+
+def get_suite(name: str) -> list[Case]:
+    if name not in SUITES:
+        raise CaseError(f"unknown suite {name!r}: expected one of {sorted(SUITES)}")
+    return SUITES[name]()
+
+
+def load_cases_file(path: str | Path) -> list[Case]:
+    """A JSON list of case dicts (as `parity cases --json` prints) or case ids."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CaseError(f"cases file {path}: {e}") from None
+    if not isinstance(entries, list):
+        raise CaseError(f"cases file {path}: expected a JSON list of case dicts or ids")
+    out = []
+    for i, e in enumerate(entries):
+        try:
+            out.append(Case.from_id(e) if isinstance(e, str) else Case.from_dict(e))
+        except (CaseError, TypeError) as err:
+            raise CaseError(f"cases file {path}, entry {i}: {err}") from None
+    return out

@@ -1,0 +1,84 @@
+"""Backends that call jax functions: the built-in Pallas kernels and users' jax candidates.
+
+Both run on a TPU when one is present; elsewhere inside TPU interpret mode
+(`pltpu.force_tpu_interpret_mode()`), so third-party Pallas TPU kernels run unchanged on CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Callable
+
+import numpy as np
+
+from cases import Case
+
+from .base import Execution, Unsupported
+from .calling import run_jax
+
+# implementation name -> {op: (module, function)}
+PALLAS_KERNELS = {
+    "pallas": {"simple_gla": ("kernels_jax.simple_gla", "chunk_simple_gla"),
+               "gla": ("kernels_jax.gla", "chunk_gla"),
+               "kda": ("kernels_jax.kda", "chunk_kda")},
+    "pallas-fused": {"simple_gla": ("kernels_jax.simple_gla", "fused_chunk_simple_gla")},
+}
+FUSED_ONLY = {"pallas-fused": "the fused path exists for g_gamma gating only"}
+
+
+def _tpu_present() -> bool:
+    from kernels_jax.common.platform import on_tpu
+    return on_tpu()
+
+
+def _platform() -> str:
+    from kernels_jax.common.platform import platform_name
+    return platform_name()
+
+
+def _versions() -> dict[str, str]:
+    import jax
+    import jaxlib
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+
+
+class PallasBackend:
+    """kernels_jax: `pallas` (chunked) or `pallas-fused` (Simple GLA g_gamma fused path)."""
+    side = "candidate"
+
+    def __init__(self, name: str = "pallas"):
+        self.name = name
+
+    def kernel(self, case: Case) -> Callable:
+        where = PALLAS_KERNELS[self.name].get(case.op)
+        if where is None:
+            raise Unsupported(f"{self.name} has no kernel for op {case.op!r}")
+        if self.name == "pallas-fused" and not case.uses_g_gamma:
+            raise Unsupported(FUSED_ONLY[self.name])
+        try:
+            return getattr(importlib.import_module(where[0]), where[1])
+        except (ImportError, AttributeError) as e:
+            raise Unsupported(f"kernels_jax has no {where[0]}.{where[1]} yet ({e})") from None
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        fn = self.kernel(case)
+        tensors, seconds = run_jax(fn, case, inputs)
+        return Execution(tensors=tensors, platform=_platform(),
+                         implementation=f"{fn.__module__}.{fn.__name__}", versions=_versions(),
+                         kernel_time_s=seconds)
+
+
+class JaxCandidate:
+    """A user's jax function in FLA's convention, run in TPU interpret mode when no TPU."""
+    side = "candidate"
+
+    def __init__(self, name: str, fn: Callable, spec: str):
+        self.name, self.fn, self.spec = name, fn, spec
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        from jax.experimental.pallas import tpu as pltpu
+        ctx = contextlib.nullcontext() if _tpu_present() else pltpu.force_tpu_interpret_mode()
+        with ctx:
+            tensors, seconds = run_jax(self.fn, case, inputs)
+        return Execution(tensors=tensors, platform=_platform(), implementation=self.spec,
+                         versions=_versions(), kernel_time_s=seconds)

@@ -1,0 +1,27 @@
+"""A user's torch function in FLA's convention, on CUDA when present, else CPU."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from cases import Case
+
+from .base import Execution
+from .calling import run_torch
+
+
+class TorchCandidate:
+    side = "candidate"
+
+    def __init__(self, name: str, fn: Callable, spec: str):
+        self.name, self.fn, self.spec = name, fn, spec
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        import torch
+        cuda = torch.cuda.is_available()
+        device = "cuda" if cuda else "cpu"
+        tensors, seconds = run_torch(self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None)
+        where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
+        return Execution(tensors=tensors, platform=where, implementation=self.spec,
+                         versions={"torch": torch.__version__}, kernel_time_s=seconds)

@@ -1,0 +1,239 @@
+"""The `parity` command line.
+
+    parity cases     --suite NAME | --cases FILE [--op OP] [--json]
+    parity run       --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends oracle,fla,pallas]
+                     [--candidate NAME=FRAMEWORK:MODULE:FUNCTION ...] [--out DIR] [-j N] [--shard I/N]
+                     [--timeout S] [--bound-factor F] [--no-html]
+    parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE]
+    parity calibrate DIR [DIR ...] [--write]
+    parity report    DIR [DIR ...] -o FILE.html
+
+Bad input (unknown suite, op, backend, candidate spec, import failure) -> one line on
+stderr and exit 2 before any case runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cases import OPS, Case, CaseError, get_suite, load_cases_file
+
+DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
+
+
+class UsageError(Exception):
+    """One line for stderr, exit 2."""
+
+
+def _select_cases(a) -> list[Case]:
+    sources = sum(bool(x) for x in (a.suite, getattr(a, "cases", None), getattr(a, "case", None)))
+    if sources != 1:
+        raise UsageError("give exactly one of --suite NAME, --cases FILE" + (", --case ID" if hasattr(a, "case") else ""))
+    try:
+        if a.suite:
+            cases = get_suite(a.suite)
+        elif a.cases:
+            cases = load_cases_file(a.cases)
+        else:
+            cases = [Case.from_id(i) for i in a.case]
+    except CaseError as e:
+        raise UsageError(str(e)) from None
+    if a.op:
+        if a.op not in OPS:
+            raise UsageError(f"unknown op {a.op!r}: expected one of {list(OPS)}")
+        cases = [c for c in cases if c.op == a.op]
+    return cases
+
+
+def cmd_cases(a) -> int:
+    cases = _select_cases(a)
+    if a.json:
+        print(json.dumps([{"id": c.id, **c.to_dict()} for c in cases], indent=1))
+    else:
+        for c in cases:
+            print(c.id)
+        print(f"{len(cases)} cases", file=sys.stderr)
+    return 0
+
+
+def _parse_shard(s: str | None) -> tuple[int, int] | None:
+    if not s:
+        return None
+    try:
+        i, n = (int(x) for x in s.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard {s!r}: expected I/N, e.g. 1/4") from None
+    if not (n >= 1 and 1 <= i <= n):
+        raise UsageError(f"--shard {s!r}: expected I/N with 1 <= I <= N")
+    return i, n
+
+
+def _print_table(summary: dict) -> None:
+    rows = summary["results"]
+    backends = [b for b in dict.fromkeys(r["backend"] for r in rows)]
+    by = {(r["case_id"], r["backend"]): r for r in rows}
+    ids = sorted({r["case_id"] for r in rows})
+    width = max([len(i) for i in ids] + [4])
+    print(f"{'case':<{width}}  " + "  ".join(f"{b:>24}" for b in backends))
+    for cid in ids:
+        cells = []
+        for b in backends:
+            r = by.get((cid, b))
+            if r is None:
+                cells.append(f"{'-':>24}")
+                continue
+            eps = r["worst_rel_rms"]
+            detail = "" if b == "oracle" else (f" {r['worst_tensor']}={eps:.1e}" if eps is not None and r["worst_tensor"] else "")
+            cells.append(f"{(r['verdict'] + detail)[:24]:>24}")
+        print(f"{cid:<{width}}  " + "  ".join(cells))
+    t = summary["timing"]
+    share = ", ".join(f"{b} {s:.1f}s" for b, s in t["per_backend_s"].items())
+    overhead = t["harness_overhead_share"]
+    print(f"{summary['cases']} cases in {summary['wall_time_s']:.1f} s (-j {summary['jobs']}); backend time: {share}; "
+          f"harness overhead {t['harness_overhead_s']:.1f} s" + (f" ({100 * overhead:.1f}% of case time)" if overhead is not None else ""))
+
+
+def cmd_run(a) -> int:
+    from .backends import SpecError, check_specs
+    from .runner import RunConfig, run_cases, shard
+    cases = _select_cases(a)
+    specs = [s for s in a.backends.split(",") if s] + list(a.candidate or [])
+    try:
+        check_specs(specs)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    sh = _parse_shard(a.shard)
+    if sh:
+        cases = shard(cases, *sh)
+    if not cases:
+        raise UsageError("no cases selected")
+    out = Path(a.out or f"reports/{a.suite or 'run'}")
+    print(f"parity run: {len(cases)} cases x {len(specs)} backends -> {out}", file=sys.stderr)
+    summary = run_cases(cases, RunConfig(out_dir=out, backends=specs, jobs=a.jobs, timeout_s=a.timeout,
+                                         progress=not a.no_progress))
+    _print_table(summary)
+    sides = {r["side"] for r in summary["results"] if r["status"] == "ok"}
+    if {"reference", "candidate"} <= sides:
+        from .gate import GateRefusal, format_summary, run_gate
+        try:
+            print(format_summary(run_gate([out], a.bound_factor)))
+        except GateRefusal as e:
+            print(f"gate: not evaluated: {e}")
+    if not a.no_html:
+        page = _write_report([out], out / "index.html")
+        if page:
+            print(f"report: {page.resolve()}")
+    return 0
+
+
+def _write_report(dirs: list[Path], out: Path) -> Path | None:
+    try:
+        from .html import write_report
+    except ImportError:
+        return None
+    return write_report(dirs, out)
+
+
+def cmd_gate(a) -> int:
+    from .gate import GateRefusal, format_summary, run_gate
+    try:
+        result = run_gate([Path(d) for d in a.dirs], a.bound_factor, Path(a.out) if a.out else None)
+    except GateRefusal as e:
+        print(f"parity gate: refused: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(result))
+    return 0 if result["ok"] else 1
+
+
+def cmd_calibrate(a) -> int:
+    from .records import iter_results
+    from .tol import TOL_FILE, calibrate
+    samples = []
+    for _, rec in iter_results([Path(d) for d in a.dirs]):
+        if rec["side"] != "reference" or rec["status"] != "ok":
+            continue
+        case = Case.from_dict(rec["case"])
+        samples += [(case, n, t.get("rel_rms")) for n, t in rec["tensors"].items() if "rel_rms" in t]
+    if not samples:
+        print("parity calibrate: no reference-side results found", file=sys.stderr)
+        return 2
+    table = calibrate(samples)
+    text = json.dumps(table, indent=1, sort_keys=True)
+    if a.write:
+        TOL_FILE.write_text(text + "\n")
+        print(f"wrote {TOL_FILE} version {table['version']} from {len(samples)} samples")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_report(a) -> int:
+    page = _write_report([Path(d) for d in a.dirs], Path(a.output))
+    if page is None:
+        print("parity report: the HTML report module is not available", file=sys.stderr)
+        return 2
+    print(f"report: {page.resolve()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="parity", description="Parity harness for linear-attention kernels: "
+                                "FLA Triton (GPU) vs JAX Pallas (TPU) vs a float64 oracle.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def selection(sp, single=False):
+        sp.add_argument("--suite", help="smoke, ci, stability, varlen, full")
+        sp.add_argument("--cases", help="JSON file: a list of case dicts or ids")
+        if single:
+            sp.add_argument("--case", action="append", help="a case id (repeatable)")
+        sp.add_argument("--op", help="only this op: " + ", ".join(OPS))
+
+    sp = sub.add_parser("cases", help="list a suite's case ids")
+    selection(sp)
+    sp.add_argument("--json", action="store_true", help="print a JSON list of case dicts")
+    sp.set_defaults(fn=cmd_cases)
+
+    sp = sub.add_parser("run", help="run cases through backends and write per-case reports")
+    selection(sp, single=True)
+    sp.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma-separated (default {DEFAULT_BACKENDS})")
+    sp.add_argument("--candidate", action="append", help="NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK jax or torch (repeatable)")
+    sp.add_argument("--out", help="output directory (default reports/<suite>)")
+    sp.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
+    sp.add_argument("--shard", help="run shard I/N of the cases (1-based)")
+    sp.add_argument("--timeout", type=float, default=900.0, help="seconds per backend call before it is killed")
+    sp.add_argument("--bound-factor", type=float, default=1.0, help="eps_candidate <= F * eps_reference + floor")
+    sp.add_argument("--no-html", action="store_true", help="do not write index.html")
+    sp.add_argument("--no-progress", action="store_true")
+    sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
+    sp.add_argument("dirs", nargs="+")
+    sp.add_argument("--bound-factor", type=float, default=1.0)
+    sp.add_argument("--out", help="where to write gate.json (default DIR/gate.json)")
+    sp.set_defaults(fn=cmd_gate)
+
+    sp = sub.add_parser("calibrate", help="fit tolerance coefficients from reference-side epsilons")
+    sp.add_argument("dirs", nargs="+")
+    sp.add_argument("--write", action="store_true", help="write parity/tolerances.json (a new version)")
+    sp.set_defaults(fn=cmd_calibrate)
+
+    sp = sub.add_parser("report", help="write the HTML report")
+    sp.add_argument("dirs", nargs="+")
+    sp.add_argument("-o", "--output", required=True)
+    sp.set_defaults(fn=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except UsageError as e:
+        print(f"parity {a.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""`parity gate DIR [DIR ...]`: merge results from any machines and enforce TPU <= GPU.
+
+For every case, every candidate backend (pallas, pallas-fused, user candidates: the "TPU"
+side) and every tensor:
+    accuracy   eps_candidate <= tol(case, tensor)                   (parity.tol)
+    bound      eps_candidate <= factor * eps_reference + floor      on rel_rms and max_abs
+    nan-inf    NaN or Inf where the oracle is finite fails, always
+The reference is FLA (the "GPU" side). A reference tensor outside its own tolerance is
+reported as a finding about the reference; the bound still uses it, and the candidate
+must still meet its own tolerance.
+
+The gate refuses (exit 2) to compare records whose schema, oracle version, tolerance
+version or input hash differ for a case, and cases that lack a reference or a candidate.
+Exit 0 when every check passes, 1 on any failure.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from . import SCHEMA_VERSION
+from .compare import bound
+from .records import iter_results, worst_verdict, write_json
+
+
+class GateRefusal(Exception):
+    """The inputs cannot be compared; the message says why."""
+
+
+def load(dirs: list[Path]) -> dict[str, dict[str, dict]]:
+    """case_id -> backend -> record; a later record of the same case and backend replaces an earlier one."""
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    for path, rec in iter_results(dirs):
+        if rec.get("schema") != SCHEMA_VERSION:
+            raise GateRefusal(f"{path}: schema {rec.get('schema')!r}, this gate reads schema {SCHEMA_VERSION}")
+        prev = by_case[rec["case_id"]].get(rec["backend"])
+        if prev is None or rec.get("created", "") >= prev.get("created", ""):
+            by_case[rec["case_id"]][rec["backend"]] = rec
+    return by_case
+
+
+def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
+    for field in ("input_hash", "oracle_version", "tol_version"):
+        values = {b: r.get(field) for b, r in recs.items()}
+        if len(set(values.values())) > 1:
+            detail = ", ".join(f"{b}={str(v)[:16]}" for b, v in sorted(values.items()))
+            raise GateRefusal(f"case {case_id}: {field} differs between backends ({detail}); refusing to compare")
+
+
+def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference: str = "fla") -> dict:
+    """The gate's verdict for every case, candidate and tensor."""
+    cases_out, failures, findings, unsupported = [], [], [], []
+    for case_id in sorted(by_case):
+        recs = by_case[case_id]
+        _check_consistent(case_id, recs)
+        ref = recs.get(reference)
+        cands = {b: r for b, r in recs.items() if r["side"] == "candidate"}
+        if ref is None:
+            raise GateRefusal(f"case {case_id}: no {reference!r} (reference) result in the given directories")
+        if not cands:
+            raise GateRefusal(f"case {case_id}: no candidate (pallas or --candidate) result in the given directories")
+        if ref["status"] != "ok":
+            findings.append({"case_id": case_id, "tensor": None, "finding": f"reference {ref['status']}: {(ref.get('error') or '')[:200]}"})
+        for name, t in ref.get("tensors", {}).items():
+            if t.get("verdict") in ("fail-accuracy", "nan-inf"):
+                findings.append({"case_id": case_id, "tensor": name, "finding": f"reference {t['verdict']}",
+                                 "rel_rms": t.get("rel_rms"), "tol": t.get("tol")})
+        for cname, cand in sorted(cands.items()):
+            entry = {"case_id": case_id, "candidate": cname, "reference": reference,
+                     "candidate_platform": cand.get("platform"), "reference_platform": ref.get("platform"),
+                     "tensors": {}}
+            if cand["status"] != "ok":
+                entry["verdict"] = cand["status"]
+                entry["error"] = cand.get("error")
+                (unsupported if cand["status"] == "unsupported" else failures).append(
+                    {"case_id": case_id, "candidate": cname, "tensor": None, "verdict": cand["status"],
+                     "detail": (cand.get("error") or "").splitlines()[0][:200] if cand.get("error") else ""})
+                cases_out.append(entry)
+                continue
+            for name, ct in cand["tensors"].items():
+                rt = ref.get("tensors", {}).get(name)
+                t = {"accuracy": ct["verdict"], "rel_rms": ct.get("rel_rms"), "max_abs": ct.get("max_abs"),
+                     "tol": ct.get("tol")}
+                verdict = ct["verdict"]
+                if verdict != "unsupported" and rt is not None and "rel_rms" in rt:
+                    b = bound(ct, rt, factor)
+                    t["bound"] = b
+                    if verdict == "pass" and not b["ok"]:
+                        verdict = "fail-bound"
+                else:
+                    t["bound"] = None
+                    t["bound_note"] = ("candidate has no such tensor" if verdict == "unsupported"
+                                       else f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}")
+                t["verdict"] = verdict
+                entry["tensors"][name] = t
+                if verdict == "unsupported":
+                    unsupported.append({"case_id": case_id, "candidate": cname, "tensor": name, "verdict": verdict,
+                                        "detail": ct.get("reason", "")})
+                elif verdict != "pass":
+                    rr = (t.get("bound") or {}).get("rel_rms") or {}
+                    failures.append({"case_id": case_id, "candidate": cname, "tensor": name, "verdict": verdict,
+                                     "eps_candidate": ct.get("rel_rms"), "eps_reference": rr.get("reference"),
+                                     "ratio": rr.get("ratio"), "tol": ct.get("tol"),
+                                     "localisation": ct.get("localisation", {}), "repro": cand.get("repro")})
+            entry["verdict"] = worst_verdict(v["verdict"] for v in entry["tensors"].values())
+            cases_out.append(entry)
+    return {"schema": SCHEMA_VERSION, "kind": "gate", "bound_factor": factor, "reference": reference,
+            "ok": not failures, "cases": cases_out, "failures": failures, "reference_findings": findings,
+            "unsupported": unsupported,
+            "counts": {v: sum(1 for c in cases_out if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases_out})}}
+
+
+def _fmt(x) -> str:
+    return "nan/inf" if x is None else f"{x:.3g}"
+
+
+def format_summary(result: dict) -> str:
+    lines = [f"gate: {len(result['cases'])} case/candidate pairs, bound factor {result['bound_factor']}: "
+             + ", ".join(f"{n} {v}" for v, n in result["counts"].items())]
+    for f in result["failures"]:
+        if f["tensor"] is None:
+            lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['verdict']}: {f['detail']}")
+        else:
+            lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
+                         f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
+                         f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}")
+    for f in result["reference_findings"]:
+        lines.append(f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"
+                     + (f" eps={_fmt(f.get('rel_rms'))} tol={_fmt(f.get('tol'))}" if f.get("tensor") else ""))
+    if result["unsupported"]:
+        lines.append(f"  unsupported: {len(result['unsupported'])} (case, candidate, tensor) entries, e.g. "
+                     + "; ".join(f"{u['case_id']} [{u['candidate']}] {u['tensor'] or ''} {u['detail'][:80]}" for u in result["unsupported"][:3]))
+    lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
+    return "\n".join(lines)
+
+
+def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None) -> dict:
+    """Load, evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
+    by_case = load(dirs)
+    if not by_case:
+        raise GateRefusal(f"no result records under {', '.join(map(str, dirs))}")
+    result = evaluate(by_case, factor)
+    write_json(Path(out) if out else Path(dirs[0]) / "gate.json", result)
+    return result

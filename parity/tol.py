@@ -1,0 +1,82 @@
+"""`tol(case, tensor)`: the rel_rms against the float64 oracle that a correct kernel meets.
+
+Formula (one for the whole project):
+
+    tol = coef[op][tensor][dtype] * u(dtype) * growth(case)
+    growth = sqrt(K / 64) * sqrt(chunk_size / 64) * (1 + 0.5 * log2(max(1, T / chunk_size)))
+
+u(dtype) is the unit roundoff of the case dtype (float32 2^-24, bfloat16 2^-8, float16
+2^-11). The sqrt(K) factor is the length of the q.k reductions; sqrt(chunk) the
+length of the intra-chunk reductions; the log term the slow growth of error through the
+chunk-to-chunk state recurrence (rel_rms is normalised, so it does not grow linearly with
+T). `tensor` groups: o, ht, dq, dk, dv, dg, dg_gamma, dbeta, dh0 each have their own
+coefficient, because gradients accumulate differently (dg and dg_gamma are sums with
+cancellation and carry the largest relative error).
+
+`parity calibrate DIR` fits coef from the reference-side (FLA) epsilons of a run:
+coef = MARGIN * max(eps / (u * growth)) over that run's cases, per op, tensor and dtype,
+keeps the old coefficient where the run has no sample, and writes tolerances.json with a
+new version. Every verdict records TOL_VERSION.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+TOL_FILE = Path(__file__).with_name("tolerances.json")
+MARGIN = 4.0
+UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float64": 2.0 ** -53}
+NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+             "float16": np.dtype(np.float16)}
+# tensors computed from float32-only inputs (gates, states) are float32 whatever the case dtype
+FP32_OUTPUTS = ("ht", "dh0", "dg", "dg_gamma", "dbeta")
+
+
+def _load() -> dict:
+    return json.loads(TOL_FILE.read_text())
+
+
+_TABLE = _load()
+TOL_VERSION: str = _TABLE["version"]
+
+
+def growth(case) -> float:
+    return (math.sqrt(case.K / 64) * math.sqrt(case.chunk_size / 64)
+            * (1 + 0.5 * math.log2(max(1.0, case.T / case.chunk_size))))
+
+
+def coef(case, tensor: str, table: dict | None = None) -> float:
+    table = table or _TABLE
+    return table["coef"][case.op][tensor][case.dtype if case.dtype in ("float32", "bfloat16") else "bfloat16"]
+
+
+def tol(case, tensor: str) -> float:
+    """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`."""
+    return coef(case, tensor) * UNIT_ROUNDOFF[case.dtype] * growth(case)
+
+
+def output_dtype(case, tensor: str) -> str:
+    """The dtype a kernel returns `tensor` in: float32 for state/gate tensors, else the case dtype."""
+    return "float32" if tensor in FP32_OUTPUTS else case.dtype
+
+
+def calibrate(samples: list[tuple[object, str, float]], table: dict | None = None) -> dict:
+    """New tolerance table from (case, tensor, reference rel_rms) samples."""
+    table = json.loads(json.dumps(table or _TABLE))
+    fitted: dict[tuple[str, str, str], float] = {}
+    for case, tensor, eps in samples:
+        if eps is None or not math.isfinite(eps):
+            continue
+        key = (case.op, tensor, case.dtype)
+        ratio = eps / (UNIT_ROUNDOFF[case.dtype] * growth(case))
+        fitted[key] = max(fitted.get(key, 0.0), ratio)
+    for (op, tensor, dtype), ratio in fitted.items():
+        table["coef"].setdefault(op, {}).setdefault(tensor, {})[dtype] = round(MARGIN * ratio, 4)
+    major = int(str(table["version"]).split(".")[0])
+    table["version"] = f"{major + 1}"
+    table["fitted_from"] = len(samples)
+    return table
