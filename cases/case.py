@@ -60,8 +60,11 @@ class Case:
 
     def __post_init__(self):
         # normalise containers so that equal cases compare and hash equal
-        params = dict(self.gate_params) if not isinstance(self.gate_params, dict) else self.gate_params
-        object.__setattr__(self, "gate_params", tuple(sorted((str(k), v) for k, v in params.items())))
+        # (parameters equal to their default are dropped: one case, one id)
+        params = dict(self.gate_params)
+        defaults = GATES.get(self.gate, (None, {}))[1]
+        object.__setattr__(self, "gate_params", tuple(sorted((str(k), v) for k, v in params.items()
+                                                             if defaults.get(k, object()) != v)))
         if self.seqlens is not None:
             object.__setattr__(self, "seqlens", tuple(self.seqlens))
         if self.scale is not None:
@@ -169,8 +172,7 @@ class Case:
     def id(self) -> str:
         parts = [self.op, self.direction, f"B{self.B}", f"T{self.T}", f"H{self.H}", f"K{self.K}",
                  f"V{self.V}", DTYPES[self.dtype], f"C{self.chunk_size}"]
-        defaults = GATES[self.gate][1]
-        gate = self.gate + "".join(f".{k}{v}" for k, v in self.gate_params if defaults[k] != v)
+        gate = self.gate + "".join(f".{k}{v}" for k, v in self.gate_params)
         parts.append(gate)
         if self.scale is not None:
             parts.append(f"s{self.scale!r}")

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The tests: unit tests of every part, then the registry-driven parity tests of the ci
+# suite through the CPU interpreters (-m interpret) with the gate at session end.
+# Usage: bash scripts/test.sh [extra pytest args]
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+python -m pytest -n 2 -m "not interpret and not slow" tests "$@"
+python -m pytest -n 2 -m interpret tests "$@"

@@ -1,0 +1,139 @@
+"""The case registry: ids, validation, deterministic inputs, suites, case files."""
+import collections
+import json
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from cases import Case, CaseError, get_suite, input_hash, load_cases_file, make_inputs
+from cases.inputs import alibi_g_gamma, alibi_slopes
+from cases.strategies import case as case_strategy
+
+
+@given(case_strategy())
+@settings(max_examples=200, deadline=None)
+def test_id_and_json_round_trip(c):
+    assert Case.from_id(c.id) == c
+    assert Case.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_id_is_readable():
+    c = Case("simple_gla", 2, 256, 4, 128, 128, dtype="bfloat16", chunk_size=128, gate="gamma_alibi", h0=True, ht=True)
+    assert c.id == "simple_gla-fwdbwd-B2-T256-H4-K128-V128-bf16-C128-gamma_alibi-h0-ht"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(op="mamba"), "op"), (dict(dtype="int8"), "dtype"), (dict(chunk_size=48), "chunk_size"),
+    (dict(gate="gamma_alibi", op="gla"), "gate"), (dict(gate_params={"bogus": 1}), "gate_params"),
+    (dict(T=0), "T"), (dict(K=512), "K"), (dict(seqlens=(10, 20)), "seqlens"),
+    (dict(seqlens=(32, 32), B=2), "B"), (dict(direction="bwd"), "direction"), (dict(scale=-1.0), "scale"),
+])
+def test_invalid_case_names_field_and_allowed_values(kwargs, field):
+    base = dict(op="simple_gla", B=1, T=64, H=2, K=64, V=64)
+    with pytest.raises(CaseError, match=rf"Case\.{field}=.*expected"):
+        Case(**{**base, **kwargs})
+
+
+def test_bad_ids_get_clear_errors():
+    for bad in ["simple_gla-fwd", "simple_gla-fwd-B1-T64-H2-K64-V64-fp8-C64-g_logsig",
+                "simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-zz"]:
+        with pytest.raises(CaseError, match="case id"):
+            Case.from_id(bad)
+
+
+def test_inputs_are_deterministic_and_named_streams_are_independent():
+    c = Case("kda", 1, 100, 2, 64, 64, seqlens=(37, 1, 62), h0=True, ht=True, dtype="bfloat16")
+    a, b = make_inputs(c), make_inputs(c)
+    assert input_hash(a) == input_hash(b)
+    # changing a field that does not touch q leaves q's bits alone (streams keyed by name)
+    c2 = c.replace(h0=False)
+    assert np.array_equal(make_inputs(c2)["q"].view(np.uint16), a["q"].view(np.uint16))
+    assert input_hash(make_inputs(c2)) != input_hash(a)
+    assert input_hash(make_inputs(c.replace(seed=1))) != input_hash(a)
+
+
+def test_input_dtypes_and_value_ranges():
+    c = Case("kda", 1, 64, 2, 64, 64, h0=True, ht=True, dtype="bfloat16")
+    x = make_inputs(c)
+    assert x["q"].dtype == ml_dtypes.bfloat16 and x["do"].dtype == ml_dtypes.bfloat16
+    assert x["g"].dtype == np.float32 and x["beta"].dtype == np.float32 and x["dht"].dtype == np.float32
+    norms = np.linalg.norm(x["k"].astype(np.float64), axis=-1)
+    assert np.allclose(norms, 1.0, atol=1e-2)  # L2-normalised before rounding to bf16
+    assert (x["beta"] > 0).all() and (x["beta"] < 1).all() and (x["g"] <= 0).all()
+
+
+def test_same_bits_in_numpy_torch_and_jax():
+    import jax.numpy as jnp
+    import torch
+
+    from parity.backends.calling import from_torch, to_torch
+    c = Case("simple_gla", 1, 64, 2, 64, 64, dtype="bfloat16", h0=True, ht=True)
+    for name, a in make_inputs(c).items():
+        t = to_torch(a)
+        j = jnp.asarray(a)
+        assert np.asarray(j).tobytes() == a.tobytes(), name
+        assert from_torch(t).tobytes() == a.tobytes(), name
+        if a.dtype == ml_dtypes.bfloat16:
+            assert t.dtype == torch.bfloat16 and j.dtype == jnp.bfloat16
+            assert np.array_equal(t.float().numpy(), a.astype(np.float32))
+
+
+def test_same_bits_in_a_separate_process():
+    c = Case("gla", 2, 80, 2, 64, 64, dtype="bfloat16", h0=True, ht=True, seed=7)
+    code = f"from cases import Case, make_inputs, input_hash; print(input_hash(make_inputs(Case.from_id({c.id!r}))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == input_hash(make_inputs(c))
+
+
+def test_alibi_slopes_match_the_paper_and_spread_over_layers():
+    assert np.allclose(alibi_slopes(8), [2.0 ** -(i + 1) for i in range(8)])
+    s12 = alibi_slopes(12)  # not a power of two: 8 slopes then every other of the 16-head set
+    assert len(s12) == 12 and np.allclose(s12[:8], alibi_slopes(8)) and np.allclose(s12[8:], alibi_slopes(16)[0::2][:4])
+    g0, g19 = alibi_g_gamma(16, 0, 20), alibi_g_gamma(16, 19, 20)
+    assert abs(g0[0]) * 128 > 88.72  # the seed-000 overflow: |gamma| * chunk 128 = 90.5
+    assert np.all(np.abs(g19) < 1e-4) and np.all(g0 < 0)
+
+
+def test_suites_cover_the_matrix():
+    ci = get_suite("ci")
+    assert len(ci) >= 60 and len({c.id for c in ci}) == len(ci)
+    combos = collections.Counter((c.op, c.direction, c.dtype, c.chunk_size, c.gate) for c in ci)
+    from cases.suites import gates_for
+    for op in ("simple_gla", "gla", "kda"):
+        for d in ("fwd", "fwdbwd"):
+            for dt in ("float32", "bfloat16"):
+                for ch in (64, 128):
+                    for g in gates_for(op):
+                        assert combos[(op, d, dt, ch, g)] >= 1, (op, d, dt, ch, g)
+    for op in ("simple_gla", "gla", "kda"):
+        mine = [c for c in ci if c.op == op]
+        assert {(c.h0, c.ht) for c in mine} == {(False, False), (True, True), (True, False), (False, True)}
+        assert any(c.seqlens and any(n % c.chunk_size for n in c.seqlens) for c in mine)
+        assert any(max(c.K, c.V) > 128 for c in mine)
+    smoke = get_suite("smoke")
+    assert len(smoke) <= 12 and {c.op for c in smoke} == {"simple_gla", "gla", "kda"}
+    assert {c.direction for c in smoke} == {"fwd", "fwdbwd"}
+    assert any(1 in c.seqlens for c in get_suite("varlen"))
+    assert any(c.gate == "gamma_alibi" and c.chunk_size == 128 for c in get_suite("stability"))
+    full = get_suite("full")
+    assert max(c.T for c in full) == 8192 and max(c.H for c in full) == 32 and max(c.B for c in full) == 8
+
+
+def test_unknown_suite():
+    with pytest.raises(CaseError, match="unknown suite 'nope'.*smoke"):
+        get_suite("nope")
+
+
+def test_cases_file_accepts_dicts_and_ids_and_validates(tmp_path):
+    c = get_suite("smoke")[0]
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([c.id, {"id": c.id, **c.to_dict()}, {"op": "gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64}]))
+    assert [x.op for x in load_cases_file(good)] == ["simple_gla", "simple_gla", "gla"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"op": "gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64, "dtype": "fp8"}]))
+    with pytest.raises(CaseError, match=r"entry 0: Case\.dtype='fp8'"):
+        load_cases_file(bad)

@@ -1,0 +1,189 @@
+"""The float64 oracle, proven by independent means: a second formulation per op, finite
+differences of every gradient, FLA's naive torch recurrences, and varlen == separate runs."""
+import numpy as np
+import pytest
+
+from cases import Case, make_inputs
+from parity.compare import rel_rms
+from references import gla, kda, oracle_run, simple_gla
+
+F64_AGREEMENT = 1e-12  # two float64 formulations of the same maths
+
+
+def f64(x):
+    return None if x is None else np.asarray(x, np.float64)
+
+
+def quadratic_gla(q, k, v, G, scale, h0):
+    """Masked-attention form: o_t = scale * sum_{s<=t} (q_t * exp(G_t - G_s)) . k_s v_s
+    + scale * (q_t * exp(G_t)) h0, and h_T = exp(G_T) h0 + sum_s exp(G_T - G_s) k_s^T v_s,
+    with G the inclusive cumulative sum of the per-channel log-decay [B, T, H, K]."""
+    B, T, H, K = q.shape
+    D = G[:, :, None] - G[:, None, :]                                   # [B, t, s, H, K]
+    mask = np.tril(np.ones((T, T), bool))[None, :, :, None, None]
+    A = np.einsum("bthk,btshk,bshk->bhts", q, np.exp(np.where(mask, D, -np.inf)), k)
+    o = scale * np.einsum("bhts,bshv->bthv", A, v)
+    ht = np.einsum("bshk,bshv->bhkv", np.exp(G[:, -1:] - G) * k, v)
+    if h0 is not None:
+        o += scale * np.einsum("bthk,bhkv->bthv", q * np.exp(G), h0)
+        ht += np.exp(G[:, -1])[..., None] * h0
+    return o, ht
+
+
+def kda_loop(q, k, v, g, beta, scale, h0):
+    """The KDA recurrence as a plain numpy loop over t, b, h."""
+    B, T, H, K = q.shape
+    S = np.zeros((B, H, K, v.shape[-1])) if h0 is None else h0.copy()
+    o = np.zeros(v.shape)
+    for t in range(T):
+        for b in range(B):
+            for h in range(H):
+                s = np.exp(g[b, t, h])[:, None] * S[b, h]
+                s = s + beta[b, t, h] * np.outer(k[b, t, h], v[b, t, h] - k[b, t, h] @ s)
+                S[b, h] = s
+                o[b, t, h] = scale * q[b, t, h] @ s
+    return o, S
+
+
+def _args(case):
+    x = {n: f64(a) for n, a in make_inputs(case).items() if n not in ("do", "dht")}
+    return x
+
+
+@pytest.mark.parametrize("gate", ["g_logsig", "gamma_alibi", "g_stress"])
+def test_simple_gla_equals_quadratic_form(gate):
+    c = Case("simple_gla", 2, 70, 3, 16, 8, gate=gate, h0=True, ht=True)
+    x = _args(c)
+    o, ht = simple_gla.forward(x["q"], x["k"], x["v"], g=x.get("g"), g_gamma=x.get("g_gamma"),
+                               scale=c.scale_value, initial_state=x["initial_state"], output_final_state=True)
+    g = x["g"] if "g" in x else np.broadcast_to(x["g_gamma"], (2, 70, 3))
+    G = np.broadcast_to(np.cumsum(g, axis=1)[..., None], x["q"].shape)
+    o2, ht2 = quadratic_gla(x["q"], x["k"], x["v"], G, c.scale_value, x["initial_state"])
+    assert rel_rms(o, o2) < F64_AGREEMENT and rel_rms(ht, ht2) < F64_AGREEMENT
+
+
+def test_gla_equals_quadratic_form():
+    c = Case("gla", 2, 70, 2, 16, 8, h0=True, ht=True)
+    x = _args(c)
+    o, ht = gla.forward(x["q"], x["k"], x["v"], x["g"], scale=0.3, initial_state=x["initial_state"],
+                        output_final_state=True)
+    o2, ht2 = quadratic_gla(x["q"], x["k"], x["v"], np.cumsum(x["g"], axis=1), 0.3, x["initial_state"])
+    assert rel_rms(o, o2) < F64_AGREEMENT and rel_rms(ht, ht2) < F64_AGREEMENT
+
+
+def test_kda_equals_numpy_loop():
+    c = Case("kda", 2, 40, 2, 16, 8, h0=True, ht=True)
+    x = _args(c)
+    o, ht = kda.forward(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=c.scale_value,
+                        initial_state=x["initial_state"], output_final_state=True)
+    o2, ht2 = kda_loop(x["q"], x["k"], x["v"], x["g"], x["beta"], c.scale_value, x["initial_state"])
+    assert rel_rms(o, o2) < F64_AGREEMENT and rel_rms(ht, ht2) < F64_AGREEMENT
+
+
+FD_CASES = [
+    Case("simple_gla", 1, 9, 2, 4, 3, h0=True, ht=True),
+    Case("simple_gla", 1, 9, 2, 4, 3, gate="gamma_alibi", h0=True, ht=True, seqlens=(4, 1, 4)),
+    Case("gla", 2, 7, 1, 4, 3, h0=True, ht=True),
+    Case("kda", 1, 9, 2, 4, 3, h0=True, ht=True, seqlens=(5, 4)),
+]
+
+
+@pytest.mark.parametrize("case", FD_CASES, ids=lambda c: c.id)
+def test_every_gradient_matches_central_finite_differences(case):
+    """<grad_X, D> == (L(X + eps D) - L(X - eps D)) / 2 eps with L = <do, o> + <dht, ht>."""
+    from references import _op_kwargs
+    x = {n: a if n == "cu_seqlens" else f64(a) for n, a in make_inputs(case).items()}
+    kw = _op_kwargs(case, x)
+    mod = {"simple_gla": simple_gla, "gla": gla, "kda": kda}[case.op]
+    grads = oracle_run(case, make_inputs(case))
+
+    def loss(**over):
+        o, ht = mod.forward(**{**kw, **over}, output_final_state=True)
+        return float(np.sum(x["do"] * o) + np.sum(x["dht"] * ht))
+
+    rng = np.random.default_rng(0)
+    names = {"q": "dq", "k": "dk", "v": "dv", case.gate_name: "d" + case.gate_name, "initial_state": "dh0"}
+    if case.op == "kda":
+        names["beta"] = "dbeta"
+    for arg, gname in names.items():
+        D = rng.standard_normal(np.shape(kw[arg]))
+        eps = 1e-6
+        fd = (loss(**{arg: kw[arg] + eps * D}) - loss(**{arg: kw[arg] - eps * D})) / (2 * eps)
+        an = float(np.sum(grads[gname] * D))
+        assert abs(fd - an) <= 1e-6 * max(1.0, abs(an)), (gname, fd, an)
+
+
+FLA_NAIVE_AGREEMENT = 1e-5  # FLA's naive functions compute in float32 even when given float64
+
+
+@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda"])
+def test_conventions_agree_with_fla_naive_recurrences(op):
+    """FLA's naive torch recurrences cast to float32 inside, so agreement is float32-level
+    (rel_rms around 1e-6), not float64: this checks conventions (scale, gate, beta, state
+    layout), not precision."""
+    import torch
+    from fla.ops.gla.naive import naive_recurrent_gla
+    from fla.ops.kda.naive import naive_recurrent_kda
+    from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
+    c = Case(op, 2, 50, 2, 16, 16, h0=True, ht=True, scale=None)
+    x = make_inputs(c)
+    t = {n: torch.from_numpy(np.asarray(a, np.float64)) for n, a in x.items()}
+    if op == "simple_gla":
+        o2, ht2 = naive_recurrent_simple_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
+                                             output_final_state=True)
+    elif op == "gla":
+        o2, ht2 = naive_recurrent_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
+                                      output_final_state=True)
+    else:
+        o2, ht2 = naive_recurrent_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["initial_state"],
+                                      output_final_state=True)
+    r = oracle_run(c.replace(direction="fwd"), x)
+    e_o, e_ht = rel_rms(o2.numpy(), r["o"]), rel_rms(ht2.numpy(), r["ht"])
+    assert e_o < FLA_NAIVE_AGREEMENT and e_ht < FLA_NAIVE_AGREEMENT, (e_o, e_ht)
+
+
+@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda"])
+def test_varlen_equals_each_sequence_alone(op):
+    lens = (5, 1, 17, 9)
+    packed = Case(op, 1, sum(lens), 2, 8, 4, seqlens=lens, h0=True, ht=True)
+    x = make_inputs(packed)
+    r = oracle_run(packed, x)
+    cu = packed.cu_seqlens
+    for n, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+        one = Case(op, 1, e - s, 2, 8, 4, h0=True, ht=True)
+        xi = {k: (a[:, s:e] if a.ndim >= 3 and a.shape[:2] == (1, packed.T) else a) for k, a in x.items()
+              if k != "cu_seqlens"}
+        xi["initial_state"], xi["dht"] = x["initial_state"][n:n + 1], x["dht"][n:n + 1]
+        ri = oracle_run(one, xi)
+        for name in ("o", "dq", "dk", "dv", "dg"):
+            np.testing.assert_allclose(r[name][:, s:e], ri[name], rtol=1e-12, atol=1e-12, err_msg=name)
+        for name in ("ht", "dh0"):
+            np.testing.assert_allclose(r[name][n:n + 1], ri[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_oracle_does_not_enable_x64_process_wide():
+    import jax
+    oracle_run(FD_CASES[0], make_inputs(FD_CASES[0]))
+    assert not jax.config.jax_enable_x64
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: simple_gla.forward(x["q"][..., :8], x["k"], x["v"], g=x["g"]), "k must have the shape of q"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"][:, :5], g=x["g"]), r"v must have shape \[B, T, H, V\]"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], g_gamma=np.zeros(2)), "g or g_gamma, not both"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"][..., :1]), r"g must have shape \(1, 16, 2\)"),
+    (lambda x: simple_gla.forward(x["q"][0], x["k"], x["v"], g=x["g"]), "q must have rank 4"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[1, 16]), "cu_seqlens must start at 0"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[0, 9, 9, 16]), "strictly increasing"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[0, 9]), "must end at T=16"),
+    (lambda x: simple_gla.forward(np.concatenate([x["q"]] * 2), np.concatenate([x["k"]] * 2),
+                                  np.concatenate([x["v"]] * 2), g=np.concatenate([x["g"]] * 2),
+                                  cu_seqlens=[0, 16]), "requires B == 1"),
+    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], initial_state=np.zeros((2, 2, 16, 16))),
+     r"initial_state must have shape \[N, H, K, V\]"),
+    (lambda x: kda.forward(x["q"], x["k"], x["v"], x["g"][..., None].repeat(16, -1), None), "beta"),
+])
+def test_bad_input_names_the_argument(call, message):
+    x = make_inputs(Case("simple_gla", 1, 16, 2, 16, 16))
+    with pytest.raises(ValueError, match=message):
+        call(x)
