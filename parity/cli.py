@@ -179,9 +179,11 @@ def cmd_report(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="parity", description="Parity harness for linear-attention kernels: "
+    p = argparse.ArgumentParser(prog="parity", allow_abbrev=False, description="Parity harness for linear-attention kernels: "
                                 "FLA Triton (GPU) vs JAX Pallas (TPU) vs a float64 oracle.")
     sub = p.add_subparsers(dest="cmd", required=True)
+    add = sub.add_parser
+    sub.add_parser = lambda *a, **k: add(*a, allow_abbrev=False, **k)
 
     def selection(sp, single=False):
         sp.add_argument("--suite", help="smoke, ci, stability, varlen, full")

@@ -1,0 +1,39 @@
+"""Shared test helpers: run the harness in-process on small cases, build records."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+
+from cases import Case, input_hash, make_inputs
+from parity.backends import BackendResult
+from parity.backends.oracle import cached_oracle
+from parity.runner import RunConfig, _record, run_cases
+
+SMALL = Case("simple_gla", 1, 64, 1, 64, 64, h0=True, ht=True)
+SMALL_BF16 = Case("simple_gla", 1, 64, 1, 64, 64, dtype="bfloat16", h0=True, ht=True)
+
+
+def run(cases, backends, out: Path, **kw) -> dict:
+    return run_cases(list(cases), RunConfig(out_dir=out, backends=list(backends), progress=False, **kw))
+
+
+def record_from_tensors(case: Case, backend: str, side: str, tensors: dict[str, np.ndarray],
+                        platform: str = "test") -> dict:
+    """A result record for `tensors`, compared against the real oracle by the real comparator."""
+    inputs = make_inputs(case)
+    oracle = cached_oracle(case, inputs)[0]
+    res = BackendResult(backend=backend, side=side, status="ok", tensors=tensors, platform=platform,
+                        implementation="test", wall_time_s=0.0)
+    return _record(case, backend, res, oracle, input_hash(inputs), "test")
+
+
+def perturbed(case: Case, towards: dict[str, np.ndarray], times: float) -> dict[str, np.ndarray]:
+    """oracle + times * (towards - oracle): a result whose error is `times` that of `towards`."""
+    oracle = cached_oracle(case, make_inputs(case))[0]
+    return {n: oracle[n] + times * (np.asarray(towards[n], np.float64) - oracle[n]) for n in towards}
+
+
+def deep(d):
+    return copy.deepcopy(d)

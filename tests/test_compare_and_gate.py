@@ -1,0 +1,164 @@
+"""The comparator, the tolerance model and the TPU <= GPU gate."""
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cases import Case, make_inputs
+from parity.compare import bound, compare_tensor, rel_rms
+from parity.gate import GateRefusal, evaluate, run_gate
+from parity.records import write_json
+from parity.tol import TOL_VERSION, calibrate, growth, tol
+from references import oracle_run
+
+from .helpers import SMALL_BF16, perturbed, record_from_tensors
+
+CASE = Case("simple_gla", 1, 128, 2, 64, 64, dtype="bfloat16", seqlens=(30, 1, 97), h0=True, ht=True)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return oracle_run(CASE, make_inputs(CASE))
+
+
+def test_rel_rms_definition():
+    r = np.array([3.0, 4.0])
+    assert rel_rms(r, r) == 0.0
+    assert rel_rms(r + np.array([0.3, 0.4]), r) == pytest.approx(0.1)
+
+
+def test_rounded_oracle_is_exactly_at_the_floor_and_passes(oracle):
+    x = oracle["o"].astype(ml_dtypes.bfloat16)
+    m = compare_tensor(CASE, "o", x, oracle["o"])
+    assert m["verdict"] == "pass" and m["nan"] == 0
+    assert m["rel_rms"] == pytest.approx(m["floor_rel"]) and m["max_ulp"] <= 0.5 + 1e-6
+    assert len(m["profile"]) == 2 and len(m["heatmap"][0]) == 2 and len(m["sequences"]) == 3
+
+
+def test_nan_where_oracle_is_finite_always_fails(oracle):
+    x = oracle["o"].copy()
+    x[0, 5, 1, 3] = np.nan
+    m = compare_tensor(CASE, "o", x, oracle["o"])
+    assert m["verdict"] == "nan-inf" and m["nan"] == 1
+    assert m["worst"][0]["index"] == [0, 5, 1, 3] and m["worst"][0]["value"] is None
+    json.dumps(m, allow_nan=False)  # records stay strict JSON
+
+
+def test_localisation_points_at_the_bad_sequence_and_chunk(oracle):
+    x = oracle["o"].copy()
+    x[0, 31:128, 1] += 0.2 * np.abs(oracle["o"]).mean()   # only the third packed sequence, head 1
+    m = compare_tensor(CASE, "o", x, oracle["o"])
+    assert m["verdict"] == "fail-accuracy"
+    assert m["localisation"]["pattern"] == "one-sequence" and m["localisation"]["sequence"] == 2
+    assert m["localisation"]["head"] == 1
+
+
+def test_drift_is_told_apart_from_a_local_fault():
+    c = Case("simple_gla", 1, 512, 1, 64, 64)
+    r = oracle_run(c.replace(direction="fwd"), make_inputs(c))["o"]
+    t = np.arange(512)[None, :, None, None]
+    drift = compare_tensor(c, "o", r * (1 + 1e-3 * t / 512), r)
+    local = r.copy()
+    local[0, 200:210] *= 1.01
+    loc = compare_tensor(c, "o", local, r)
+    assert drift["localisation"]["pattern"] == "drift"
+    assert loc["localisation"]["pattern"] == "local" and loc["localisation"]["first_chunk"] == 3
+
+
+def test_tolerance_grows_with_dtype_T_chunk_and_K():
+    c = Case("gla", 1, 256, 1, 64, 64)
+    assert tol(c.replace(dtype="bfloat16"), "o") > 1000 * tol(c, "o")
+    assert tol(c.replace(T=4096), "o") > tol(c, "o")
+    assert tol(c.replace(chunk_size=128), "o") > tol(c, "o")
+    assert tol(c.replace(K=256), "o") > tol(c, "o")
+    assert tol(c, "dg") > tol(c, "o")  # gate gradients carry cancellation
+
+
+def test_calibrate_fits_coefficients_and_bumps_the_version():
+    c = Case("gla", 1, 256, 1, 64, 64)
+    eps = 3e-6
+    table = calibrate([(c, "o", eps), (c, "o", eps / 2), (c, "dq", float("nan"))])
+    from parity.tol import MARGIN, UNIT_ROUNDOFF
+    assert table["coef"]["gla"]["o"]["float32"] == pytest.approx(MARGIN * eps / (UNIT_ROUNDOFF["float32"] * growth(c)), rel=1e-3)
+    assert table["version"] != TOL_VERSION
+    assert table["coef"]["gla"]["dq"] == json.loads(json.dumps(table["coef"]["gla"]["dq"]))  # unchanged without samples
+
+
+def test_bound_uses_factor_and_floor():
+    ref = {"rel_rms": 1e-3, "max_abs": 1e-2, "floor_rel": 1e-4, "floor_abs": 1e-3}
+    assert bound({"rel_rms": 1.05e-3, "max_abs": 1e-2}, ref)["ok"]          # within the floor
+    assert not bound({"rel_rms": 2e-3, "max_abs": 1e-2}, ref)["ok"]
+    assert bound({"rel_rms": 2e-3, "max_abs": 2e-2}, ref, factor=2.5)["ok"]
+    assert not bound({"rel_rms": None, "max_abs": 1e-2, "nan": 3}, ref)["ok"]
+
+
+def _write(dirpath, rec):
+    write_json(dirpath / rec["backend"] / f"{rec['case_id']}.json", rec)
+
+
+@pytest.fixture(scope="module")
+def fla_like():
+    """A reference result with realistic bf16 error: the oracle after a bf16 round trip of
+    every intermediate (what the rounded outputs of a bf16 kernel look like) plus noise."""
+    c = SMALL_BF16
+    r = oracle_run(c, make_inputs(c))
+    rng = np.random.default_rng(0)
+    return {n: (a * (1 + 4e-3 * rng.standard_normal(a.shape))).astype(np.float32) for n, a in r.items()}
+
+
+def test_candidate_with_twice_the_reference_error_fails_at_1_and_passes_at_2_5(tmp_path, fla_like):
+    c = SMALL_BF16
+    _write(tmp_path, record_from_tensors(c, "fla", "reference", fla_like))
+    _write(tmp_path, record_from_tensors(c, "twice", "candidate", perturbed(c, fla_like, 2.0)))
+    strict = run_gate([tmp_path], 1.0)
+    assert not strict["ok"] and {f["verdict"] for f in strict["failures"]} == {"fail-bound"}
+    f = strict["failures"][0]
+    assert f["ratio"] == pytest.approx(2.0, rel=0.05) and f["eps_candidate"] > f["eps_reference"]
+    assert run_gate([tmp_path], 2.5)["ok"]
+
+
+def test_separate_runs_gate_like_one_combined_run(tmp_path, fla_like):
+    c = SMALL_BF16
+    ref = record_from_tensors(c, "fla", "reference", fla_like)
+    cand = record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 0.5))
+    _write(tmp_path / "combined", ref)
+    _write(tmp_path / "combined", cand)
+    _write(tmp_path / "gpu", ref)
+    _write(tmp_path / "tpu", cand)
+    one = run_gate([tmp_path / "combined"])
+    two = run_gate([tmp_path / "gpu", tmp_path / "tpu"])
+    assert one["ok"] and one["cases"] == two["cases"] and one["failures"] == two["failures"] == []
+
+
+def test_gate_refuses_tampered_hash_missing_side_and_other_versions(tmp_path, fla_like):
+    c = SMALL_BF16
+    ref = record_from_tensors(c, "fla", "reference", fla_like)
+    cand = record_from_tensors(c, "pallas", "candidate", fla_like)
+    for field, value, message in [("input_hash", "0" * 64, "input_hash differs"),
+                                  ("oracle_version", "999", "oracle_version differs"),
+                                  ("tol_version", "999", "tol_version differs")]:
+        bad = {**cand, field: value}
+        with pytest.raises(GateRefusal, match=message):
+            evaluate({c.id: {"fla": ref, "pallas": bad}})
+    with pytest.raises(GateRefusal, match="no 'fla' \\(reference\\)"):
+        evaluate({c.id: {"pallas": cand}})
+    with pytest.raises(GateRefusal, match="no candidate"):
+        evaluate({c.id: {"fla": ref}})
+    _write(tmp_path, {**cand, "schema": 999})
+    with pytest.raises(GateRefusal, match="schema 999"):
+        run_gate([tmp_path])
+
+
+def test_gate_cli_exit_codes(tmp_path, fla_like):
+    from parity.cli import main
+    c = SMALL_BF16
+    _write(tmp_path / "ok", record_from_tensors(c, "fla", "reference", fla_like))
+    _write(tmp_path / "ok", record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 0.5)))
+    assert main(["gate", str(tmp_path / "ok")]) == 0
+    _write(tmp_path / "bad", record_from_tensors(c, "fla", "reference", fla_like))
+    _write(tmp_path / "bad", record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 3.0)))
+    assert main(["gate", str(tmp_path / "bad")]) == 1
+    assert main(["gate", str(tmp_path / "bad"), "--bound-factor", "3.5"]) == 0
+    _write(tmp_path / "half", record_from_tensors(c, "pallas", "candidate", fla_like))
+    assert main(["gate", str(tmp_path / "half")]) == 2
