@@ -1,7 +1,16 @@
-"""The pytest plugin: markers, options and hardware skips (logic lives in parity/)."""
+"""The pytest plugin: markers, options, registry-driven parity tests, the session gate.
+
+Thin by design: the logic lives in parity/pytest_support.py.
+    pytest -m interpret --suite smoke     FLA and Pallas through their CPU interpreters
+    pytest -m gpu --suite ci              FLA compiled on CUDA
+    pytest -m tpu --suite ci              Pallas compiled on TPU
+"""
 from __future__ import annotations
 
 import functools
+import os
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +22,29 @@ MARKERS = {
 }
 
 
+def pytest_addoption(parser):
+    g = parser.getgroup("parity")
+    g.addoption("--suite", default=None, help="case suite for the parity tests (default smoke)")
+    g.addoption("--cases", dest="parity_cases_file", default=None, help="JSON file of case dicts or ids")
+    g.addoption("--op", default=None, help="only cases of this op")
+    g.addoption("--report-dir", default="reports/pytest", help="where parity tests write their records")
+    g.addoption("--candidate", action="append", default=[], help="NAME=FRAMEWORK:MODULE:FUNCTION (repeatable)")
+    g.addoption("--bound-factor", type=float, default=1.0, help="eps_candidate <= F * eps_reference + floor")
+
+
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    # one id for the whole session, inherited by xdist workers through the environment
+    os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
+
+
+def pytest_generate_tests(metafunc):
+    if "parity_case" in metafunc.fixturenames:
+        from parity.pytest_support import select_cases
+        opt = metafunc.config.getoption
+        cases = select_cases(opt("suite"), opt("parity_cases_file"), opt("op"))
+        metafunc.parametrize("parity_case", cases, ids=[c.id for c in cases])
 
 
 @functools.cache
@@ -38,3 +67,38 @@ def pytest_runtest_setup(item):
         pytest.skip(_cuda_missing())
     if item.get_closest_marker("tpu") and _tpu_missing():
         pytest.skip(_tpu_missing())
+
+
+@pytest.fixture
+def parity_check(request):
+    """parity_check(case, mode): run the case for a marker and fail with the full explanation."""
+    from parity.pytest_support import check_case
+    opt = request.config.getoption
+
+    def check(case, mode):
+        problems, no_kernel = check_case(case, mode, opt("candidate"), Path(opt("report_dir")),
+                                         os.environ["PARITY_RUN_ID"], opt("bound_factor"))
+        if problems:
+            pytest.fail("\n\n".join(problems), pytrace=False)
+        if no_kernel:  # not a pass: the kernel is an open issue
+            pytest.xfail(f"no candidate kernel for this case: {no_kernel}")
+    return check
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # xdist worker: the controller gates
+        return
+    from parity.pytest_support import session_gate
+    opt = session.config.getoption
+    report_dir = Path(opt("report_dir"))
+    if not report_dir.exists():
+        return
+    text, ok = session_gate(report_dir, os.environ["PARITY_RUN_ID"], opt("bound_factor"))
+    if ok is None:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        reporter.write_sep("=", "parity gate")
+        reporter.write_line(text)
+    if not ok and session.exitstatus == 0:
+        session.exitstatus = 1

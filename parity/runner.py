@@ -97,55 +97,74 @@ def _summary_line(rec: dict) -> dict:
             "error": (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else None}
 
 
-def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
-    """Runs cases sent over `conn`; reports ('start', case_id, backend), ('done', line), ('case', case_id, timing)."""
-    from cases import input_hash, make_inputs
-
-    from .backends import BackendResult, backend_name, execute, make_backend
-    backends = {}
+def build_backends(specs: list[str]) -> dict:
+    """spec -> backend, or the exception that creating it raised (recorded per case)."""
+    from .backends import make_backend
+    out = {}
     for spec in specs:
         try:
-            backends[spec] = make_backend(spec)
-        except Exception as e:  # noqa: BLE001 - recorded per case below
-            backends[spec] = e
+            out[spec] = make_backend(spec)
+        except Exception as e:  # noqa: BLE001 - recorded per case
+            out[spec] = e
+    return out
+
+
+def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id: str,
+             on_start=lambda spec: None, on_done=lambda line: None) -> tuple[list[dict], dict]:
+    """Run one case through the backends named in `todo` (oracle first), write a record per
+    backend and return (records, timing). Used by worker processes and the pytest plugin."""
+    from cases import input_hash, make_inputs
+
+    from .backends import BackendResult, backend_name, execute
+    from .backends.oracle import cached_oracle
+    t_case = time.perf_counter()
+    inputs = make_inputs(case)
+    h = input_hash(inputs)
+    oracle = None
+    backend_wall = 0.0
+    records = []
+    for spec in todo:
+        name = backend_name(spec)
+        on_start(spec)
+        b = backends[spec]
+        if isinstance(b, Exception):
+            result = BackendResult(backend=name, side="candidate", status="error", tensors={},
+                                   error=f"backend could not be created: {type(b).__name__}: {b}")
+        elif spec != "oracle" and oracle is None and "oracle" in todo:
+            result = BackendResult(backend=name, side=b.side, status="error", tensors={},
+                                   error="the oracle failed for this case, nothing to compare against")
+        else:
+            if spec != "oracle" and oracle is None:
+                oracle = cached_oracle(case, inputs)[0]
+            result = execute(b, case, inputs)
+            backend_wall += result.wall_time_s or 0.0
+            if spec == "oracle" and result.status == "ok":
+                oracle = result.tensors
+        try:
+            rec = _record(case, spec, result, oracle, h, run_id)
+        except Exception:  # noqa: BLE001 - a comparison bug must not lose the run
+            result = dataclasses.replace(result, status="error", tensors={},
+                                         error="comparison failed:\n" + traceback.format_exc(limit=-4))
+            rec = _record(case, spec, result, oracle, h, run_id)
+        write_json(result_path(Path(out_dir), name, case.id), rec)
+        records.append(rec)
+        on_done(_summary_line(rec))
+    return records, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall}
+
+
+def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
+    """Runs cases sent over `conn`; reports ('start', case_id, spec), ('done', line), ('case', case_id, timing)."""
+    backends = build_backends(specs)
     while True:
         msg = conn.recv()
         if msg is None:
             return
         case_dict, todo = msg
         case = Case.from_dict(case_dict)
-        t_case = time.perf_counter()
-        inputs = make_inputs(case)
-        h = input_hash(inputs)
-        oracle = None
-        backend_wall = 0.0
-        for spec in todo:
-            name = backend_name(spec)
-            conn.send(("start", case.id, spec))
-            b = backends[spec]
-            if isinstance(b, Exception):
-                result = BackendResult(backend=name, side="candidate", status="error", tensors={},
-                                       error=f"backend could not be created: {type(b).__name__}: {b}")
-            elif spec != "oracle" and oracle is None and "oracle" in todo:
-                result = BackendResult(backend=name, side=b.side, status="error", tensors={},
-                                       error="the oracle failed for this case, nothing to compare against")
-            else:
-                if spec != "oracle" and oracle is None:
-                    from .backends.oracle import cached_oracle
-                    oracle = cached_oracle(case, inputs)[0]
-                result = execute(b, case, inputs)
-                backend_wall += result.wall_time_s or 0.0
-                if spec == "oracle" and result.status == "ok":
-                    oracle = result.tensors
-            try:
-                rec = _record(case, spec, result, oracle, h, run_id)
-            except Exception:  # noqa: BLE001 - a comparison bug must not lose the run
-                result = dataclasses.replace(result, status="error", tensors={},
-                                             error="comparison failed:\n" + traceback.format_exc(limit=-4))
-                rec = _record(case, spec, result, oracle, h, run_id)
-            write_json(result_path(Path(out_dir), name, case.id), rec)
-            conn.send(("done", _summary_line(rec)))
-        conn.send(("case", case.id, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall}))
+        _, timing = run_case(case, todo, backends, Path(out_dir), run_id,
+                             on_start=lambda spec: conn.send(("start", case.id, spec)),
+                             on_done=lambda line: conn.send(("done", line)))
+        conn.send(("case", case.id, timing))
 
 
 # ------------------------------------------------------------------ parent side
