@@ -7,6 +7,7 @@
     parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE]
     parity calibrate DIR [DIR ...] [--write]
     parity report    DIR [DIR ...] -o FILE.html
+    parity repro     CASE_ID [--backend pallas | --candidate SPEC] -o DIR
 
 Bad input (unknown suite, op, backend, candidate spec, import failure) -> one line on
 stderr and exit 2 before any case runs.
@@ -178,6 +179,20 @@ def cmd_report(a) -> int:
     return 0
 
 
+def cmd_repro(a) -> int:
+    from .backends import SpecError, check_specs
+    from .repro import write_repro
+    try:
+        case = Case.from_id(a.case_id)
+        spec = a.candidate or a.backend
+        check_specs([spec])
+        path = write_repro(case, spec, Path(a.output))
+    except (CaseError, SpecError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {path.parent}/ (inputs.npz, oracle.npz, case.json, repro.py); run: cd {path.parent} && python repro.py")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parity", allow_abbrev=False, description="Parity harness for linear-attention kernels: "
                                 "FLA Triton (GPU) vs JAX Pallas (TPU) vs a float64 oracle.")
@@ -225,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dirs", nargs="+")
     sp.add_argument("-o", "--output", required=True)
     sp.set_defaults(fn=cmd_report)
+    sp = sub.add_parser("repro", help="write one case's inputs, oracle and a standalone script that reruns it")
+    sp.add_argument("case_id")
+    sp.add_argument("--backend", default="pallas", help="pallas, pallas-fused or fla (default pallas)")
+    sp.add_argument("--candidate", help="NAME=FRAMEWORK:MODULE:FUNCTION instead of a built-in kernel")
+    sp.add_argument("-o", "--output", required=True)
+    sp.set_defaults(fn=cmd_repro)
     return p
 
 

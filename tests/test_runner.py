@@ -106,3 +106,24 @@ def test_cases_command_json(capsys):
     assert main(["cases", "--suite", "smoke", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [Case.from_dict(d).id for d in listed] == [c.id for c in get_suite("smoke")]
+
+
+def test_repro_writes_a_standalone_script_that_reproduces_the_epsilons(tmp_path, faulty_run):
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    out, cases, _ = faulty_run
+    case = cases[1]
+    spec = CANDIDATES["scan"]
+    assert main(["repro", case.id, "--candidate", spec, "-o", str(tmp_path / "r")]) == 0
+    script = (tmp_path / "r" / "repro.py").read_text()
+    assert "import parity" not in script and "from parity" not in script   # standalone
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}  # only for the example kernel's module
+    printed = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "r", env=env, capture_output=True,
+                             text=True, check=True).stdout
+    rec = _rec(out, "scan", case)
+    for name, t in rec["tensors"].items():
+        m = re.search(rf"^\s+{name}\s+rel_rms (\S+)", printed, re.M)
+        assert m and float(m.group(1)) == pytest.approx(t["rel_rms"], rel=1e-3), (name, printed)

@@ -1,0 +1,136 @@
+"""`parity repro CASE_ID [--candidate SPEC | --backend pallas] -o DIR`: everything needed to
+rerun one case outside the harness, for pasting into a kernel's own bug report.
+
+DIR/inputs.npz   the case's inputs (bf16 stored as uint16 bits, see repro.py)
+DIR/oracle.npz   the float64 oracle's outputs and gradients
+DIR/case.json    the case
+DIR/repro.py     a standalone script (numpy + jax or torch + the kernel's module; it does
+                 not import this harness) that calls the kernel, takes gradients and prints
+                 rel_rms per tensor against the oracle
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from jinja2 import Template
+
+from cases import Case, input_hash, make_inputs
+
+from .backends import parse_candidate
+from .backends.jax_backends import PALLAS_KERNELS
+from .backends.oracle import cached_oracle
+
+SCRIPT = Template('''\
+"""Standalone reproducer for {{ case_id }}.
+
+Kernel: {{ framework }} {{ module }}.{{ function }}   (FLA calling convention)
+Run:    python repro.py       (from this directory; needs numpy, {{ framework }}, ml_dtypes and the kernel's module)
+Prints rel_rms = ||x - oracle|| / ||oracle|| per tensor; the float64 oracle is in oracle.npz.
+"""
+import importlib
+import json
+
+import ml_dtypes
+import numpy as np
+
+CASE = json.load(open("case.json"))
+BF16 = {{ bf16 }}          # inputs stored as uint16 bits of bfloat16
+GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "g_gamma": "dg_gamma", "beta": "dbeta",
+              "initial_state": "dh0"}
+
+raw = dict(np.load("inputs.npz"))
+x = {n: (a.view(ml_dtypes.bfloat16) if n in BF16 else a) for n, a in raw.items()}
+oracle = dict(np.load("oracle.npz"))
+fn = getattr(importlib.import_module("{{ module }}"), "{{ function }}")
+diff_names = [n for n in ("q", "k", "v", "g", "g_gamma", "beta", "initial_state") if n in x]
+kwargs = {"scale": {{ scale }}, "output_final_state": {{ ht }}}
+if "cu_seqlens" in x:
+    kwargs["cu_seqlens"] = x["cu_seqlens"]
+{% if chunk_size %}kwargs["chunk_size"] = {{ chunk_size }}
+{% endif %}
+{% if framework == "jax" %}
+import contextlib
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+
+def f(d):
+    o, ht = fn(d["q"], d["k"], d["v"], **{n: d[n] for n in diff_names[3:]}, **kwargs)
+    return (o, ht) if kwargs["output_final_state"] else (o,)
+
+if "cu_seqlens" in kwargs:
+    kwargs["cu_seqlens"] = jnp.asarray(kwargs["cu_seqlens"], jnp.int32)
+on_tpu = any(d.platform == "tpu" for d in jax.devices())
+with (contextlib.nullcontext() if on_tpu else pltpu.force_tpu_interpret_mode()):
+    d = {n: jnp.asarray(x[n]) for n in diff_names}
+    if {{ backward }}:
+        outs, vjp = jax.vjp(f, d)
+        cot = (jnp.asarray(x["do"], outs[0].dtype),) + ((jnp.asarray(x["dht"], outs[1].dtype),) if len(outs) > 1 else ())
+        (grads,) = vjp(cot)
+    else:
+        outs, grads = f(d), {}
+result = {"o": np.asarray(outs[0], np.float64)}
+if len(outs) > 1:
+    result["ht"] = np.asarray(outs[1], np.float64)
+result.update({GRAD_NAMES[n]: np.asarray(g, np.float64) for n, g in grads.items()})
+{% else %}
+import torch
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+def tt(a):
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(dev)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+d = {n: tt(x[n]).requires_grad_({{ backward }}) for n in diff_names}
+if "cu_seqlens" in kwargs:
+    kwargs["cu_seqlens"] = torch.from_numpy(kwargs["cu_seqlens"]).to(dev)
+o, ht = fn(d["q"], d["k"], d["v"], **{n: d[n] for n in diff_names[3:]}, **kwargs)
+if {{ backward }}:
+    outs, cots = [o], [tt(x["do"]).to(o.dtype)]
+    if kwargs["output_final_state"]:
+        outs.append(ht)
+        cots.append(tt(x["dht"]).to(ht.dtype))
+    torch.autograd.backward(outs, cots)
+result = {"o": o.detach().float().cpu().double().numpy()}
+if kwargs["output_final_state"]:
+    result["ht"] = ht.detach().float().cpu().double().numpy()
+result.update({GRAD_NAMES[n]: t.grad.float().cpu().double().numpy() for n, t in d.items() if t.grad is not None})
+{% endif %}
+print(f"{CASE['id']}")
+for name, ref in oracle.items():
+    if name not in result:
+        print(f"  {name:8s} not returned")
+        continue
+    got = result[name]
+    bad = int(np.sum(~np.isfinite(got)))
+    err = np.linalg.norm(np.nan_to_num(got) - ref) / max(np.linalg.norm(ref), 1e-300)
+    print(f"  {name:8s} rel_rms {err:.3e}  max_abs {np.max(np.abs(np.nan_to_num(got) - ref)):.3e}  non-finite {bad}")
+''')
+
+
+def write_repro(case: Case, spec: str, out: Path) -> Path:
+    """Write the repro directory for `case` and kernel `spec` ('pallas', 'pallas-fused', 'fla'
+    or a candidate NAME=FRAMEWORK:MODULE:FUNCTION)."""
+    if spec in PALLAS_KERNELS:
+        if case.op not in PALLAS_KERNELS[spec]:
+            raise ValueError(f"{spec} has no kernel for op {case.op!r}")
+        framework, (module, function) = "jax", PALLAS_KERNELS[spec][case.op]
+    elif spec == "fla":
+        framework, module = "torch", f"fla.ops.{case.op}"
+        function = f"chunk_{case.op}"
+    else:
+        _, framework, module, function = parse_candidate(spec)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = make_inputs(case)
+    bf16 = sorted(n for n, a in inputs.items() if a.dtype.name == "bfloat16")
+    np.savez(out / "inputs.npz", **{n: (a.view(np.uint16) if n in bf16 else a) for n, a in inputs.items()})
+    np.savez(out / "oracle.npz", **cached_oracle(case, inputs)[0])
+    (out / "case.json").write_text(json.dumps({"id": case.id, **case.to_dict(), "input_hash": input_hash(inputs)}, indent=1))
+    chunk = case.chunk_size if spec in PALLAS_KERNELS or (spec == "fla" and case.op == "simple_gla") else None
+    script = SCRIPT.render(case_id=case.id, framework=framework, module=module, function=function, bf16=bf16,
+                           scale=repr(case.scale_value), ht=case.ht, backward=case.backward, chunk_size=chunk)
+    (out / "repro.py").write_text(script)
+    return out / "repro.py"
