@@ -37,6 +37,10 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {text}")
     # one id for the whole session, inherited by xdist workers through the environment
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
+    if _cuda_missing():
+        # FLA's kernels must be built for the Triton interpreter: ask before any test imports fla
+        from parity.backends import triton_interpreter
+        triton_interpreter.request()
 
 
 def pytest_generate_tests(metafunc):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"parity {a.cmd}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `parity cases | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -174,9 +174,12 @@ def bound(cand: dict, ref: dict, factor: float = 1.0) -> dict:
     """eps_c <= factor * eps_r + floor on rel_rms and on max_abs, for two compare_tensor records."""
     out = {"factor": factor}
     ok = True
+    ref_nonfinite = bool(ref.get("nan") or ref.get("inf"))
+    if ref_nonfinite:  # its epsilons cover only its finite elements: no bound from it
+        out["reference_nonfinite"] = True
     for metric, floor in (("rel_rms", "floor_rel"), ("max_abs", "floor_abs")):
         c, r = cand.get(metric), ref.get(metric)
-        if c is None or r is None:
+        if c is None or r is None or ref_nonfinite:
             out[metric] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
             ok = ok and c is not None   # a reference with NaN bounds nothing; a NaN candidate fails
             continue

@@ -28,8 +28,8 @@ BLOCK = 64
 
 @contextlib.contextmanager
 def float64():
-    """Enable jax x64 for the duration of an oracle call only."""
-    with jax.enable_x64(True):
+    """Enable jax x64, on the CPU, for the duration of an oracle call only."""
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         yield
 
 

@@ -4,4 +4,4 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 python -m pytest -n 2 -m "not interpret and not slow" tests "$@"
-python -m pytest -n 2 -m interpret tests "$@"
+python -m pytest -n 2 -m interpret --suite ci tests "$@"

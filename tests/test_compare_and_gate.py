@@ -93,6 +93,15 @@ def test_bound_uses_factor_and_floor():
     assert not bound({"rel_rms": None, "max_abs": 1e-2, "nan": 3}, ref)["ok"]
 
 
+def test_a_reference_with_nan_bounds_nothing():
+    """FLA's NaN elements leave its epsilons covering only the rest: no bound from them
+    (seen: FLA's g_gamma state is NaN when a sequence ends early in a chunk under a strong gate)."""
+    ref = {"rel_rms": 1e-9, "max_abs": 1e-9, "floor_rel": 0.0, "floor_abs": 0.0, "nan": 4096}
+    b = bound({"rel_rms": 1e-3, "max_abs": 1e-2}, ref)
+    assert b["ok"] and b["reference_nonfinite"] and b["rel_rms"]["limit"] is None
+    assert not bound({"rel_rms": 1e-3, "max_abs": 1e-2, "inf": 1}, ref)["ok"]
+
+
 def _write(dirpath, rec):
     write_json(dirpath / rec["backend"] / f"{rec['case_id']}.json", rec)
 

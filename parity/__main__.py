@@ -1,0 +1,6 @@
+"""`python -m parity ...`: the same as the `parity` console script."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,203 @@
+"""Run unmodified Triton kernels (FLA's) on a CPU through Triton's interpreter.
+
+`TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but three things stop
+FLA's kernels from running or from computing the right numbers there (shared/DESIGN.md).
+`enable()` handles them by patching the imported triton classes at run time; no installed
+file is modified:
+
+1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
+   first config that survives the kernel's own pruning is taken, without benchmarking.
+2. A plain Python `range` (and `tl.range`) loop variable is a tensor in a compiled kernel
+   (FLA calls `i_t.to(tl.int64)` on it) but an int in the interpreter. Kernel sources are
+   rewritten so those loops yield interpreter int32 scalars.
+3. The interpreter stores bfloat16 as raw uint16 bits and its numpy ops compute on the
+   bits (a bf16 dot multiplies integers). Every arithmetic, comparison, dot, fma, cast,
+   reduction and scan with a bfloat16 operand is made to widen to float32, compute, and round to nearest even
+   back to bfloat16, as the GPU does.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import os
+
+import numpy as np
+
+_enabled = False
+
+
+def request() -> None:
+    """Ask for interpreted kernels: must happen before the kernels' modules are imported."""
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def interpreting_fla() -> bool:
+    """False when some already-imported fla kernel was built for a GPU (compiled mode)."""
+    import sys
+    from triton.runtime.jit import JITFunction
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for obj in vars(module).values():
+            while hasattr(obj, "fn") and not isinstance(obj, JITFunction):
+                obj = obj.fn
+            if type(obj) is JITFunction:  # Gluon kernels (a subclass) are never interpreted
+                return False
+    return True
+
+
+def enable() -> None:
+    """Request the interpreter and install the three fixes (idempotent)."""
+    global _enabled
+    request()
+    if _enabled:
+        return
+    from triton.runtime import autotuner, interpreter
+    _patch_autotuner(autotuner.Autotuner)
+    _patch_range(interpreter)
+    _patch_bfloat16(interpreter)
+    _enabled = True
+
+
+# 1. autotuning ---------------------------------------------------------------------------
+
+def _patch_autotuner(Autotuner) -> None:
+    original = Autotuner.prune_configs
+
+    @functools.wraps(original)
+    def first_config(self, kwargs):
+        return original(self, kwargs)[:1]
+
+    Autotuner.prune_configs = first_config
+
+
+# 2. range loop variables -----------------------------------------------------------------
+
+RANGE_NAME = "_parity_tensor_range"
+
+
+def _patch_range(interpreter) -> None:
+    import triton.language as tl
+
+    def tensor_range(*args, **kwargs):
+        """range(...) yielding interpreter int32 scalars; extra tl.range kwargs are hints."""
+        step = kwargs.get("step")
+        ints = [int(a.handle.data.item()) if hasattr(a, "handle") else int(a) for a in args]
+        if step is not None:
+            ints.append(int(step.handle.data.item()) if hasattr(step, "handle") else int(step))
+        for i in range(*ints):
+            yield tl.tensor(interpreter.TensorHandle(np.array([i], dtype=np.int32), tl.int32), tl.int32)
+
+    class RangeToTensor(interpreter.ASTTransformer):
+        def visit_Call(self, node):
+            node = self.generic_visit(node)
+            f = node.func
+            is_range = (isinstance(f, ast.Name) and f.id == "range") or (
+                isinstance(f, ast.Attribute) and f.attr == "range"
+                and isinstance(f.value, ast.Name) and f.value.id in ("tl", "triton"))
+            if is_range:
+                node.func = ast.copy_location(ast.Name(id=RANGE_NAME, ctx=ast.Load()), f)
+            return node
+
+    # FunctionRewriter copies the interpreter module's globals into each kernel's globals.
+    setattr(interpreter, RANGE_NAME, tensor_range)
+    interpreter.FunctionRewriter.ast_transformer = RangeToTensor()
+    interpreter.InterpretedFunction.rewritten_fn.clear()
+
+
+# 3. bfloat16 arithmetic ------------------------------------------------------------------
+
+def _patch_bfloat16(interpreter) -> None:
+    import ml_dtypes
+    import triton.language as tl
+    TensorHandle, Builder = interpreter.TensorHandle, interpreter.InterpreterBuilder
+
+    def is_bf16(h) -> bool:
+        return h is not None and h.dtype.scalar == tl.bfloat16
+
+    def widen(h):
+        if not is_bf16(h):
+            return h
+        f32 = (h.data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return TensorHandle(f32, tl.float32)
+
+    def narrow(h):
+        """float32 result -> bfloat16 bits (round to nearest even); others unchanged."""
+        if h.data.dtype != np.float32:
+            return h
+        bits = np.asarray(h.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+        return TensorHandle(bits, tl.bfloat16)
+
+    def on_values(method):
+        """Wrap a builder method so bf16 operands are computed on as float32 values."""
+        @functools.wraps(method)
+        def wrapped(self, *args):
+            if not any(isinstance(a, TensorHandle) and is_bf16(a) for a in args):
+                return method(self, *args)
+            out = method(self, *[widen(a) if isinstance(a, TensorHandle) else a for a in args])
+            return narrow(out)
+        return wrapped
+
+    Builder.binary_op = on_values(Builder.binary_op)
+    Builder.unary_op = on_values(Builder.unary_op)
+    Builder.create_fma = on_values(Builder.create_fma)
+    Builder.create_rsqrt = on_values(Builder.create_rsqrt)
+    Builder.create_erf = on_values(Builder.create_erf)
+
+    original_ternary = Builder.ternary_op
+
+    def ternary_op(self, lhs, rhs, other, op):
+        if op is np.where and is_bf16(rhs) == is_bf16(other):
+            return original_ternary(self, lhs, rhs, other, op)  # selecting bits is exact
+        args = [widen(x) for x in (lhs, rhs, other)]
+        out = original_ternary(self, *args, op)
+        return narrow(out) if any(is_bf16(x) for x in (rhs, other)) else out
+
+    Builder.ternary_op = ternary_op
+
+    original_dot = Builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if not (is_bf16(a) or is_bf16(b) or is_bf16(d)):
+            return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = original_dot(self, widen(a), widen(b), widen(d), input_precision, max_num_imprecise_acc)
+        return narrow(out) if is_bf16(d) else out
+
+    Builder.create_dot = create_dot
+
+    original_cast = Builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        """Casts into or out of bfloat16 go through float32 values, never through bits."""
+        src_bf16, dst_bf16 = is_bf16(src), dst_type.scalar == tl.bfloat16
+        if src_bf16 and dst_bf16:
+            return src
+        if src_bf16 and dst_type.scalar != tl.float32:
+            return original_cast(self, widen(src), dst_type)
+        if dst_bf16 and src.dtype.scalar != tl.float32:
+            return original_cast(self, original_cast(self, src, tl.float32), dst_type)
+        return original_cast(self, src, dst_type)
+
+    Builder.cast_impl = cast_impl
+
+    def reduce_on_values(method):
+        """Wrap a ReduceOps/ScanOps numpy fast path (sum, max, cumsum, ...) likewise."""
+        @functools.wraps(method)
+        def wrapped(self, input, *rest, **kw):
+            if input.dtype != tl.bfloat16:
+                return method(self, input, *rest, **kw)
+            out = method(self, self.to_tensor(widen(input.handle).data, tl.float32), *rest, **kw)
+
+            def back(t):
+                if isinstance(t, tl.tensor) and t.dtype == tl.float32:
+                    return self.to_tensor(narrow(t.handle).data, tl.bfloat16)
+                return t
+            return type(out)(map(back, out)) if isinstance(out, (list, tuple)) else back(out)
+        return wrapped
+
+    for ops, names in ((interpreter.ReduceOps, ("sum", "min_max")), (interpreter.ScanOps, ("cumsum", "cumprod"))):
+        for name in names:
+            setattr(ops, name, reduce_on_values(getattr(ops, name)))
+    for name in ("create_si_to_fp", "create_ui_to_fp", "create_fp_to_si", "create_fp_to_ui",
+                 "create_fp_ext", "create_fp_trunc"):
+        setattr(Builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))

@@ -1,0 +1,146 @@
+"""The fla backend: FLA's real Triton kernels through the Triton interpreter on CPU.
+
+The interpreter fixes are checked on small Triton kernels of our own against numpy on the
+same (bfloat16-rounded) values, then FLA's three ops are checked against the float64
+oracle within the tolerance for every output and gradient, in float32 and bfloat16.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cases import Case, make_inputs
+from parity.backends.fla import FlaBackend, fla_chunk_size
+from parity.backends.oracle import cached_oracle
+from parity.compare import compare_tensor
+
+torch = pytest.importorskip("torch")
+if torch.cuda.is_available():
+    pytest.skip("these tests check the CPU interpreter path; a CUDA device is visible", allow_module_level=True)
+
+from parity.backends import triton_interpreter  # noqa: E402
+
+triton_interpreter.enable()
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+BF16_EPS = 2.0 ** -8  # unit roundoff of bfloat16
+
+
+@triton.jit
+def _bf16_ops_kernel(a_ptr, b_ptr, dot_ptr, sum_ptr, max_ptr, cumsum_ptr, exp_ptr, lt_ptr, cast_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    a = tl.load(a_ptr + r[:, None] * N + r[None, :])          # bf16 [N, N]
+    b = tl.load(b_ptr + r[:, None] * N + r[None, :])
+    tl.store(dot_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))                  # fp32 accumulate
+    tl.store(sum_ptr + r, tl.sum(a * b, axis=1))                                 # bf16 mul, bf16 sum
+    tl.store(max_ptr + r, tl.max(a, axis=1))
+    tl.store(cumsum_ptr + r[:, None] * N + r[None, :], tl.cumsum(a, axis=1))
+    tl.store(exp_ptr + r[:, None] * N + r[None, :], tl.exp(a.to(tl.float32)).to(tl.bfloat16) + b)
+    tl.store(lt_ptr + r[:, None] * N + r[None, :], (a < b).to(tl.int32))
+    tl.store(cast_ptr + r, (r - N // 2).to(tl.bfloat16))
+
+
+def _t(x):
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+
+
+def _np(t):
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def test_interpreter_computes_bfloat16_on_values_not_bits():
+    """Unpatched, the interpreter's bf16 dot multiplies uint16 bit patterns (off by ~1e10)."""
+    N = 16
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((N, N)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((N, N)).astype(ml_dtypes.bfloat16)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    out = {"dot": torch.empty(N, N), "sum": torch.empty(N, dtype=torch.bfloat16),
+           "max": torch.empty(N, dtype=torch.bfloat16), "cumsum": torch.empty(N, N, dtype=torch.bfloat16),
+           "exp": torch.empty(N, N, dtype=torch.bfloat16), "lt": torch.empty(N, N, dtype=torch.int32),
+           "cast": torch.empty(N, dtype=torch.bfloat16)}
+    _bf16_ops_kernel[(1,)](_t(a), _t(b), *out.values(), N=N)
+    np.testing.assert_allclose(out["dot"].numpy(), af @ bf, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_np(out["sum"]), (af * bf).sum(1), atol=N * BF16_EPS * np.abs(af * bf).sum(1).max())
+    np.testing.assert_array_equal(_np(out["max"]), af.max(1))  # negatives included: bits would order them wrongly
+    np.testing.assert_allclose(_np(out["cumsum"]), np.cumsum(af, 1), atol=4 * N * BF16_EPS)
+    np.testing.assert_allclose(_np(out["exp"]), np.exp(af) + bf, rtol=4 * BF16_EPS, atol=4 * BF16_EPS)
+    np.testing.assert_array_equal(out["lt"].numpy(), (af < bf).astype(np.int32))
+    np.testing.assert_array_equal(_np(out["cast"]), np.arange(N) - N // 2)
+
+
+@triton.jit
+def _range_kernel(out_ptr, n):
+    acc = tl.zeros([1], dtype=tl.int64)
+    for i in range(n):
+        acc += i.to(tl.int64)          # a tensor method: fails on a Python int
+    for j in tl.range(0, n, 2):
+        acc += j.to(tl.int64) * 100
+    tl.store(out_ptr + tl.arange(0, 1), acc)
+
+
+def test_range_loop_variables_are_tensors_as_when_compiled():
+    out = torch.zeros(1, dtype=torch.int64)
+    _range_kernel[(1,)](out, 5)
+    assert out.item() == sum(range(5)) + 100 * sum(range(0, 5, 2))
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 4}), triton.Config({"BLOCK": 8})], key=["n"])
+@triton.jit
+def _autotuned_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    tl.store(x_ptr + r, r * 0 + BLOCK, mask=r < n)
+
+
+def test_autotuner_takes_the_first_config_without_benchmarking():
+    x = torch.zeros(8, dtype=torch.int32)
+    _autotuned_kernel[(1,)](x, 8)  # benchmarking would need a GPU driver
+    assert x[:4].tolist() == [4] * 4 and x[4:].tolist() == [0] * 4
+
+
+SHAPE = dict(B=1, T=80, H=2, K=64, V=64, h0=True, ht=True)
+FLA_CASES = [Case(op, **SHAPE, dtype=dt, gate="g_logsig", chunk_size=64) for op in ("simple_gla", "gla", "kda")
+             for dt in ("float32", "bfloat16")] + [
+    Case("simple_gla", 1, 96, 2, 64, 64, dtype="bfloat16", chunk_size=128, gate="gamma_alibi"),
+    Case("simple_gla", 1, 100, 2, 64, 64, dtype="float32", chunk_size=32, gate="g_logsig", h0=True, ht=True,
+         seqlens=(37, 1, 62)),
+]
+
+
+@pytest.mark.parametrize("case", FLA_CASES, ids=lambda c: c.id)
+def test_fla_in_the_interpreter_is_within_tolerance_of_the_oracle(case):
+    inputs = make_inputs(case)
+    oracle = cached_oracle(case, inputs)[0]
+    ex = FlaBackend().run(case, inputs)
+    assert ex.platform == "cpu:triton-interpreter"
+    assert ex.notes["chunk_size"] == fla_chunk_size(case)
+    unsupported = ex.notes.get("unsupported_tensors", {})
+    assert set(ex.tensors) | set(unsupported) == set(case.output_names())
+    for name, x in ex.tensors.items():
+        m = compare_tensor(case, name, x, oracle[name])
+        assert m["verdict"] == "pass", (name, m["rel_rms"], m["tol"], m["nan"], m["inf"])
+
+
+def test_fla_gives_no_g_gamma_gradient_and_says_so():
+    case = FLA_CASES[-2]
+    ex = FlaBackend().run(case, make_inputs(case))
+    assert "dg_gamma" not in ex.tensors
+    assert "dg_gamma" in ex.notes["unsupported_tensors"]
+
+
+def test_fla_imported_for_a_gpu_is_refused_with_the_fix():
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+            "import fla.ops.simple_gla\n"
+            "from cases import Case, make_inputs\n"
+            "from parity.backends.fla import FlaBackend\n"
+            "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
+            "FlaBackend().run(c, make_inputs(c))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode != 0
+    assert "TRITON_INTERPRET=1" in p.stderr and "FlaImportedTooEarly" in p.stderr
