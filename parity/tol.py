@@ -79,4 +79,5 @@ def calibrate(samples: list[tuple[object, str, float]], table: dict | None = Non
     major = int(str(table["version"]).split(".")[0])
     table["version"] = f"{major + 1}"
     table["fitted_from"] = len(samples)
+    table["note"] = f"fitted by parity calibrate: coef = {MARGIN} x the largest reference eps / (u * growth)"
     return table

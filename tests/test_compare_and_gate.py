@@ -166,8 +166,8 @@ def test_gate_cli_exit_codes(tmp_path, fla_like):
     _write(tmp_path / "ok", record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 0.5)))
     assert main(["gate", str(tmp_path / "ok")]) == 0
     _write(tmp_path / "bad", record_from_tensors(c, "fla", "reference", fla_like))
-    _write(tmp_path / "bad", record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 3.0)))
+    _write(tmp_path / "bad", record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 2.0)))
     assert main(["gate", str(tmp_path / "bad")]) == 1
-    assert main(["gate", str(tmp_path / "bad"), "--bound-factor", "3.5"]) == 0
+    assert main(["gate", str(tmp_path / "bad"), "--bound-factor", "2.5"]) == 0
     _write(tmp_path / "half", record_from_tensors(c, "pallas", "candidate", fla_like))
     assert main(["gate", str(tmp_path / "half")]) == 2
