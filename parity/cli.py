@@ -6,6 +6,7 @@
                      [--timeout S] [--bound-factor F] [--no-html]
     parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE]
     parity calibrate DIR [DIR ...] [--write]
+    parity mutants   [--suite ci] [--only NAME] [--out DIR] [-j N] [--list]
     parity report    DIR [DIR ...] -o FILE.html
     parity repro     CASE_ID [--backend pallas | --candidate SPEC] -o DIR
 
@@ -130,6 +131,31 @@ def cmd_run(a) -> int:
     return 0
 
 
+def cmd_mutants(a) -> int:
+    from .mutants import BY_NAME, catalogue_json, format_score, run_mutants
+    if a.list:
+        print(catalogue_json())
+        return 0
+    for n in a.only or []:
+        if n not in BY_NAME:
+            raise UsageError(f"--only {n!r}: expected one of {sorted(BY_NAME)}")
+    if not (a.suite or a.cases or a.case):
+        a.suite = "ci"
+    cases = _select_cases(a)
+    if not cases:
+        raise UsageError("no cases selected")
+    out = Path(a.out)
+    print(f"parity mutants: {len(cases)} cases -> {out}", file=sys.stderr)
+    result = run_mutants(cases, out, jobs=a.jobs, timeout_s=a.timeout, factor=a.bound_factor, names=a.only,
+                         progress=not a.no_progress)
+    print(format_score(result))
+    if not a.no_html:
+        page = _write_report([out], out / "index.html")
+        if page:
+            print(f"report: {page.resolve()}")
+    return 0 if result["caught"] == result["total"] and not result["unmutated_failures"] else 1
+
+
 def _write_report(dirs: list[Path], out: Path) -> Path | None:
     try:
         from .html import write_report
@@ -225,6 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("mutants", help="run the catalogue of mutant kernels and score what the harness catches")
+    selection(sp, single=True)
+    sp.add_argument("--out", default="reports/mutants", help="output directory (default reports/mutants)")
+    sp.add_argument("--only", action="append", help="run only this mutant (repeatable)")
+    sp.add_argument("--list", action="store_true", help="print the catalogue as JSON and exit")
+    sp.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
+    sp.add_argument("--timeout", type=float, default=900.0, help="seconds per backend call before it is killed")
+    sp.add_argument("--bound-factor", type=float, default=1.0)
+    sp.add_argument("--no-html", action="store_true", help="do not write index.html")
+    sp.add_argument("--no-progress", action="store_true")
+    sp.set_defaults(fn=cmd_mutants)
 
     sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
     sp.add_argument("dirs", nargs="+")

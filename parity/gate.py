@@ -6,8 +6,9 @@ side) and every tensor:
     bound      eps_candidate <= factor * eps_reference + floor      on rel_rms and max_abs
     nan-inf    NaN or Inf where the oracle is finite fails, always
 The reference is FLA (the "GPU" side). A reference tensor outside its own tolerance is
-reported as a finding about the reference; the bound still uses it, and the candidate
-must still meet its own tolerance.
+reported as a finding about the reference; the bound still uses it (except where the
+reference has NaN/Inf: then it bounds nothing), and the candidate must still meet its own
+tolerance.
 
 The gate refuses (exit 2) to compare records whose schema, oracle version, tolerance
 version or input hash differ for a case, and cases that lack a reference or a candidate.

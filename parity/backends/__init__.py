@@ -13,6 +13,7 @@ import sys
 from .base import Backend, BackendResult, Execution, Unsupported, execute
 
 BUILTIN = ("oracle", "fla", "pallas", "pallas-fused")
+MUTANT_PREFIX = "mutant:"   # mutant:NAME, a kernels_jax kernel with a known bug (parity.mutants)
 CANDIDATE_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
 
 
@@ -46,7 +47,11 @@ def load_candidate_function(spec: str):
 
 
 def backend_name(spec: str) -> str:
-    return spec if spec in BUILTIN else parse_candidate(spec)[0]
+    if spec in BUILTIN:
+        return spec
+    if spec.startswith(MUTANT_PREFIX):
+        return "mutant-" + spec[len(MUTANT_PREFIX):]
+    return parse_candidate(spec)[0]
 
 
 def make_backend(spec: str) -> Backend:
@@ -60,6 +65,9 @@ def make_backend(spec: str) -> Backend:
     if spec in ("pallas", "pallas-fused"):
         from .jax_backends import PallasBackend
         return PallasBackend(spec)
+    if spec.startswith(MUTANT_PREFIX):
+        from ..mutants import MutantBackend
+        return MutantBackend(spec[len(MUTANT_PREFIX):])
     name, fw, fn = load_candidate_function(spec)
     if fw == "jax":
         from .jax_backends import JaxCandidate
@@ -72,7 +80,11 @@ def check_specs(specs: list[str]) -> None:
     """Validate backend names and candidate specs (importing candidates) before any case runs."""
     seen = set()
     for s in specs:
-        if s not in BUILTIN:
+        if s.startswith(MUTANT_PREFIX):
+            from ..mutants import BY_NAME
+            if s[len(MUTANT_PREFIX):] not in BY_NAME:
+                raise SpecError(f"unknown mutant {s!r}: expected mutant:NAME with NAME one of {sorted(BY_NAME)}")
+        elif s not in BUILTIN:
             if "=" not in s:
                 raise SpecError(f"unknown backend {s!r}: expected one of {list(BUILTIN)} or a candidate NAME=FRAMEWORK:MODULE:FUNCTION")
             load_candidate_function(s)

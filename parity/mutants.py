@@ -1,0 +1,183 @@
+"""`parity mutants`: prove the harness catches wrong kernels.
+
+Each mutant is a real variant of a kernels_jax kernel: either a switch the kernel reads
+at trace time (kernels_jax/common/mutation.py; the shipped kernels run with every switch
+off) or a patched call around the unmodified kernel. Mutants run as candidates
+(`mutant:NAME` backends) next to the unmutated `pallas`/`pallas-fused` kernels and the
+`fla` reference, through the same comparator and gate as any kernel. A mutant is caught
+when any case of its op has a gate verdict other than pass (accuracy, bound, NaN/Inf,
+error); the score is caught / total, and the unmutated kernels must pass every case.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from cases import Case
+
+from .backends.base import Execution, Unsupported
+from .backends.calling import run_jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    op: str                      # the op whose kernel is mutated
+    impl: str                    # 'pallas' or 'pallas-fused'
+    what: str                    # the bug, in words
+    seed: str = ""               # the seed pull request it reproduces, if any
+    switch: str | None = None    # kernels_jax.common.mutation switch the kernel reads
+    wrap: Callable | None = None  # or: fn -> patched fn around the unmodified kernel
+    witness: str = ""            # a small case that must catch it (tests/test_mutants.py)
+
+
+def _initial_state_ignored(fn):
+    def call(q, k, v, *args, initial_state=None, **kw):
+        return fn(q, k, v, *args, initial_state=None if initial_state is None else initial_state * 0, **kw)
+    return call
+
+
+def _zero_dg_gamma(fn):
+    import jax
+
+    def call(q, k, v, *args, g_gamma=None, **kw):
+        return fn(q, k, v, *args, g_gamma=None if g_gamma is None else jax.lax.stop_gradient(g_gamma), **kw)
+    return call
+
+
+CATALOGUE: tuple[Mutant, ...] = (
+    Mutant("unmasked-exp-c128", "simple_gla", "pallas", seed="000", switch="unmasked_decay_exp",
+           what="intra-chunk decay exp(g_i - g_j) taken over the whole chunk before the causal mask "
+                "(the upper triangle overflows at chunk 128 with ALiBi g_gamma: inf * 0 = NaN)",
+           witness="simple_gla-fwd-B1-T128-H2-K64-V64-fp32-C128-gamma_stress"),
+    Mutant("factorised-gate-bwd", "simple_gla", "pallas", seed="001", switch="factorised_decay_bwd",
+           what="backward through a per-channel gate built from g_gamma, factorised as exp(G_i) * exp(-G_j) "
+                "(exp(-G) overflows when |g| * chunk > 88.7)",
+           witness="simple_gla-fwdbwd-B1-T128-H2-K64-V64-fp32-C64-gamma_stress"),
+    Mutant("tile-overwrite-k256", "simple_gla", "pallas", seed="002", switch="tile_overwrite",
+           what="a K or V tile wider than 128 overwrites the output instead of accumulating",
+           witness="simple_gla-fwd-B1-T64-H1-K256-V256-fp32-C64-g_logsig"),
+    Mutant("zero-dg-gamma", "simple_gla", "pallas-fused", seed="002", wrap=_zero_dg_gamma,
+           what="the fused path returns a zero gradient for g_gamma",
+           witness="simple_gla-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-gamma_alibi"),
+    Mutant("varlen-state-leak", "simple_gla", "pallas", seed="004", switch="varlen_no_reset",
+           what="the state is not reset at a packed sequence's start, so it leaks into the next one",
+           witness="simple_gla-fwd-B1-T100-H2-K64-V64-fp32-C64-g_logsig-lens37_1_62"),
+    Mutant("initial-state-ignored", "simple_gla", "pallas", wrap=_initial_state_ignored,
+           what="initial_state is ignored (the kernel starts from zeros)",
+           witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-h0"),
+    Mutant("final-state-one-chunk-early", "simple_gla", "pallas", switch="ht_one_chunk_early",
+           what="the final state is the state before the last chunk",
+           witness="simple_gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-ht"),
+    Mutant("scale-twice-intra", "simple_gla", "pallas", switch="intra_scale_twice",
+           what="scale applied twice to the intra-chunk term",
+           witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),
+    Mutant("mask-without-diagonal", "simple_gla", "pallas", switch="strict_causal_mask",
+           what="the causal mask drops its diagonal (token t does not see itself)",
+           witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),
+    Mutant("bf16-state", "simple_gla", "pallas", switch="state_bf16",
+           what="the recurrent state carried between chunks in bfloat16 instead of float32 "
+                "(accuracy only: the bound against FLA must catch it)",
+           witness="simple_gla-fwd-B1-T256-H2-K64-V64-bf16-C64-g_logsig-ht"),
+    Mutant("kda-beta-keys-only", "kda", "pallas", switch="beta_keys_only",
+           what="kda: beta applied to the keys but not to the values in the WY solve",
+           witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),
+)
+BY_NAME = {m.name: m for m in CATALOGUE}
+
+
+class MutantBackend:
+    """`mutant:NAME`: the mutated kernel as a candidate."""
+    side = "candidate"
+
+    def __init__(self, name: str):
+        if name not in BY_NAME:
+            raise ValueError(f"unknown mutant {name!r}: expected one of {sorted(BY_NAME)}")
+        self.mutant = BY_NAME[name]
+        self.name = f"mutant-{name}"
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        from kernels_jax.common import mutation
+        from kernels_jax.common.platform import platform_name
+
+        from .backends.jax_backends import PallasBackend, _versions
+        m = self.mutant
+        if case.op != m.op:
+            raise Unsupported(f"{self.name} mutates the {m.op} kernel")
+        fn = PallasBackend(m.impl).kernel(case)
+        call = m.wrap(fn) if m.wrap else fn
+        with mutation.enabled(*([m.switch] if m.switch else [])):
+            tensors, seconds = run_jax(call, case, inputs)
+        return Execution(tensors=tensors, platform=platform_name(),
+                         implementation=f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
+                         versions=_versions(), kernel_time_s=seconds, notes={"mutant": m.name})
+
+
+def applies(m: Mutant, case: Case) -> bool:
+    return case.op == m.op and (m.impl != "pallas-fused" or case.uses_g_gamma)
+
+
+def score(gate: dict, mutants: list[Mutant]) -> dict:
+    """Per mutant: the cases and checks that caught it; the unmutated kernels' failures."""
+    rows = []
+    for m in mutants:
+        caught, ran = [], 0
+        for entry in gate["cases"]:
+            if entry["candidate"] != f"mutant-{m.name}" or entry["verdict"] == "unsupported":
+                continue
+            ran += 1
+            if entry["verdict"] != "pass":
+                checks = sorted({t["verdict"] for t in entry["tensors"].values() if t["verdict"] not in ("pass", "unsupported")}
+                                or {entry["verdict"]})
+                tensors = sorted(n for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported"))
+                caught.append({"case_id": entry["case_id"], "checks": checks, "tensors": tensors})
+        rows.append({"mutant": m.name, "seed": m.seed, "what": m.what, "cases_run": ran,
+                     "caught": bool(caught), "caught_by": caught})
+    clean = [f for f in gate["failures"] if not f["candidate"].startswith("mutant-")]
+    n_caught = sum(r["caught"] for r in rows)
+    return {"mutants": rows, "caught": n_caught, "total": len(rows),
+            "score": n_caught / len(rows) if rows else None, "unmutated_failures": clean}
+
+
+def format_score(result: dict) -> str:
+    lines = [f"{'mutant':30s} {'seed':5s} {'cases':>5s}  caught by"]
+    for r in result["mutants"]:
+        if r["caught"]:
+            checks = sorted({c for cb in r["caught_by"] for c in cb["checks"]})
+            first = r["caught_by"][0]
+            by = (f"{len(r['caught_by'])} case(s) [{', '.join(checks)}], e.g. {first['case_id']} "
+                  f"({', '.join(first['tensors']) or first['checks'][0]})")
+        else:
+            by = "NOT CAUGHT" + ("" if r["cases_run"] else " (no case of its op ran)")
+        lines.append(f"{r['mutant']:30s} {r['seed'] or '-':5s} {r['cases_run']:5d}  {by}")
+    lines.append(f"score: {result['caught']}/{result['total']} mutants caught"
+                 + (f" ({100 * result['score']:.0f}%)" if result["score"] is not None else ""))
+    clean = result["unmutated_failures"]
+    lines.append("unmutated kernels: clean" if not clean else
+                 f"unmutated kernels: {len(clean)} failures, e.g. {clean[0]['case_id']} [{clean[0]['candidate']}] "
+                 f"{clean[0]['tensor'] or ''} {clean[0]['verdict']}")
+    return "\n".join(lines)
+
+
+def run_mutants(cases: list[Case], out: Path, jobs: int = 1, timeout_s: float = 900.0, factor: float = 1.0,
+                names: list[str] | None = None, progress: bool = True) -> dict:
+    """Run the unmutated kernels, FLA and every mutant over `cases`; gate and score them."""
+    from .gate import evaluate, load
+    from .records import write_json
+    from .runner import RunConfig, run_cases
+    mutants = [BY_NAME[n] for n in names] if names else list(CATALOGUE)
+    specs = ["oracle", "fla", "pallas", "pallas-fused"] + [f"mutant:{m.name}" for m in mutants]
+    run_cases(cases, RunConfig(out_dir=out, backends=specs, jobs=jobs, timeout_s=timeout_s, progress=progress))
+    gate = evaluate(load([out]), factor)
+    result = score(gate, mutants)
+    write_json(out / "mutants.json", {**result, "bound_factor": factor, "cases": [c.id for c in cases]})
+    write_json(out / "gate.json", gate)
+    return result
+
+
+def catalogue_json() -> str:
+    return json.dumps([{k: v for k, v in dataclasses.asdict(m).items() if k != "wrap"} for m in CATALOGUE], indent=1)
