@@ -3,5 +3,6 @@
 # suite through the CPU interpreters (-m interpret) with the gate at session end.
 # Usage: bash scripts/test.sh [extra pytest args]
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
 python -m pytest -n 2 -m "not interpret and not slow" tests "$@"
 python -m pytest -n 2 -m interpret --suite ci tests "$@"

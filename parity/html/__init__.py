@@ -1,0 +1,14 @@
+"""The HTML error report: `write_report(dirs, out)` turns result records into a static page.
+
+    out                     index.html: summary (rendered by jinja2, autoescaped) and the
+                            table data as JSON in a <script type="application/json">
+    <out stem>_files/       report.js, report.css, plotly.min.js (copied from the plotly
+                            package) and cases/<n>.js: one small file per case with its
+                            detail data, loaded by a <script> tag when the case is opened
+The page needs no network and no server (it works from file://). Strings from results
+only ever reach the page through jinja2's autoescape, JSON with '<' escaped, or
+textContent in report.js.
+"""
+from .build import build_report, write_report
+
+__all__ = ["build_report", "write_report"]

@@ -1,0 +1,284 @@
+"""Records -> report data -> files. `build_report` is pure data (tested without a browser);
+`write_report` renders the jinja2 template and writes the page, its assets and one detail
+file per case."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sys
+import time
+from collections import Counter, defaultdict
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+from markupsafe import Markup
+
+from .. import SCHEMA_VERSION
+from ..gate import GateRefusal, evaluate
+from ..records import VERDICT_ORDER, iter_results, read_json, worst_verdict
+
+REFERENCE = "fla"
+TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
+PLOTLY_JS = "plotly.min.js"
+STATIC_FILES = ("report.js", "report.css")
+
+
+# ------------------------------------------------------------------ loading
+def load_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
+    """case_id -> backend -> newest record, and the paths skipped for another schema version."""
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    skipped = []
+    for path, rec in iter_results(dirs):
+        if rec.get("schema") != SCHEMA_VERSION or "case_id" not in rec or "backend" not in rec:
+            skipped.append(str(path))
+            continue
+        prev = by_case[rec["case_id"]].get(rec["backend"])
+        if prev is None or rec.get("created", "") >= prev.get("created", ""):
+            by_case[rec["case_id"]][rec["backend"]] = rec
+    return dict(by_case), skipped
+
+
+def _bound_factor(dirs: list[Path]) -> float:
+    """The factor of an existing gate.json (what `parity run --bound-factor` used), else 1.0."""
+    for d in dirs:
+        p = Path(d) / "gate.json"
+        if p.is_file():
+            try:
+                return float(read_json(p).get("bound_factor", 1.0))
+            except (OSError, ValueError, TypeError):
+                pass
+    return 1.0
+
+
+def gate_per_case(by_case: dict, factor: float) -> tuple[dict[str, dict], dict]:
+    """The gate (parity.gate.evaluate) case by case, so that one refused case does not hide
+    the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall outcome."""
+    per_case: dict[str, dict] = {}
+    has_ref = any(r["side"] == "reference" for recs in by_case.values() for r in recs.values())
+    has_cand = any(r["side"] == "candidate" for recs in by_case.values() for r in recs.values())
+    if not (has_ref and has_cand):
+        missing = "reference (fla)" if not has_ref else "candidate"
+        return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
+    failures, refused, counts = 0, [], Counter()
+    for cid, recs in by_case.items():
+        try:
+            g = evaluate({cid: recs}, factor, REFERENCE)
+        except GateRefusal as e:
+            per_case[cid] = {"refused": str(e)}
+            refused.append(str(e))
+            continue
+        per_case[cid] = {c["candidate"]: c for c in g["cases"]}
+        failures += len(g["failures"])
+        counts.update(c["verdict"] for c in g["cases"])
+    status = "refused" if refused else ("pass" if failures == 0 else "fail")
+    return per_case, {"status": status, "factor": factor, "failures": failures, "refused": len(refused),
+                      "refusal_examples": refused[:3], "counts": _ordered_counts(counts)}
+
+
+# ------------------------------------------------------------------ rows and summary
+def _worst_tensor(tensors: dict) -> tuple[str | None, dict]:
+    """The tensor with NaN/Inf, else the highest rel_rms / tol (as parity.runner's summary line)."""
+    worst, score = None, -1.0
+    for name, t in tensors.items():
+        if t.get("nan") or t.get("inf"):
+            return name, t
+        eps, tolerance = t.get("rel_rms"), t.get("tol")
+        if eps is None or not tolerance:
+            continue
+        if eps / tolerance > score:
+            worst, score = name, eps / tolerance
+    return worst, tensors.get(worst, {}) if worst else {}
+
+
+def _bound_use(gate_entry: dict | None) -> float | None:
+    """max over tensors and metrics of eps_candidate / (factor * eps_reference + floor): > 1 fails."""
+    if not gate_entry:
+        return None
+    uses = []
+    for t in gate_entry.get("tensors", {}).values():
+        for metric in ("rel_rms", "max_abs"):
+            m = (t.get("bound") or {}).get(metric) or {}
+            c, limit = m.get("candidate"), m.get("limit")
+            if c is None or limit is None:
+                continue
+            uses.append(c / limit if limit > 0 else (0.0 if c == 0 else math.inf))
+    finite = [u for u in uses if math.isfinite(u)]
+    return max(finite) if finite else None
+
+
+def _gating(case: dict) -> str:
+    params = case.get("gate_params") or {}
+    return str(case.get("gate", "")) + ("(" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + ")" if params else "")
+
+
+def backend_order(by_case: dict) -> list[str]:
+    """oracle, the reference, then candidates by name."""
+    sides = {}
+    for recs in by_case.values():
+        for name, r in recs.items():
+            sides.setdefault(name, r.get("side", "candidate"))
+    rank = {"oracle": 0, "reference": 1, "candidate": 2}
+    return sorted(sides, key=lambda b: (rank.get(sides[b], 3), b))
+
+
+def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str]) -> dict:
+    """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use."""
+    any_rec = next(iter(recs.values()))
+    case = any_rec.get("case") or {}
+    cells = {}
+    for b in backends:
+        r = recs.get(b)
+        if r is None:
+            continue
+        entry = gate_case.get(b) if isinstance(gate_case, dict) else None
+        verdict = entry["verdict"] if entry and "verdict" in entry else r.get("verdict") or r.get("status") or "error"
+        name, t = _worst_tensor(r.get("tensors", {})) if r.get("side") != "oracle" else (None, {})
+        nonfinite = any(x.get("nan") or x.get("inf") for x in r.get("tensors", {}).values())
+        cell = {"v": verdict, "t": name, "e": t.get("rel_rms"), "m": t.get("max_abs"),
+                "r": None if nonfinite else _bound_use(entry),  # finite-only epsilons bound nothing
+                "nan": bool(t.get("nan") or t.get("inf")),
+                "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None}
+        cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
+    judged = [c["v"] for c in cells.values()]
+    row = {"n": index, "id": case_id, "op": case.get("op"), "dtype": case.get("dtype"), "C": case.get("chunk_size"),
+           "gating": _gating(case), "verdict": worst_verdict(judged), "b": cells}
+    if isinstance(gate_case, dict) and gate_case.get("refused"):
+        row["refused"] = gate_case["refused"]
+    return row
+
+
+def _ordered_counts(counter: Counter) -> dict:
+    known = [v for v in VERDICT_ORDER if v in counter]
+    return {v: counter[v] for v in known + sorted(set(counter) - set(known))}
+
+
+def summary(rows: list[dict], by_case: dict, backends: list[str], gate: dict, dirs: list[Path], skipped: list[str]) -> dict:
+    """Counts by verdict and by op, dtype, chunk size, gating; where each backend ran and with what."""
+    verdicts = _ordered_counts(Counter(r["verdict"] for r in rows))
+    columns = list(verdicts)
+    breakdown = {}
+    for label, key in (("op", "op"), ("dtype", "dtype"), ("chunk size", "C"), ("gating", "gating")):
+        table = defaultdict(Counter)
+        for r in rows:
+            table[str(r[key])][r["verdict"]] += 1
+        breakdown[label] = [{"value": v, "total": sum(c.values()), "counts": [c.get(col, 0) for col in columns]}
+                            for v, c in sorted(table.items())]
+    where = []
+    for b in backends:
+        recs = [recs[b] for recs in by_case.values() if b in recs]
+        platforms = Counter(r.get("platform") or "(none)" for r in recs)
+        versions = Counter(", ".join(f"{k} {v}" for k, v in sorted((r.get("versions") or {}).items())) or "(none)"
+                           for r in recs)
+        where.append({"backend": b, "side": recs[0].get("side", ""), "records": len(recs),
+                      "verdicts": _ordered_counts(Counter(r.get("verdict", "") for r in recs)),
+                      "platforms": platforms.most_common(), "versions": versions.most_common(3),
+                      "hosts": sorted({r.get("host", "") for r in recs}),
+                      "implementations": sorted({r.get("implementation") or "" for r in recs} - {""})})
+    created = sorted(r.get("created", "") for recs in by_case.values() for r in recs.values())
+    return {"cases": len(rows), "records": sum(len(v) for v in by_case.values()), "verdicts": verdicts,
+            "columns": columns, "breakdown": breakdown, "where": where, "gate": gate,
+            "dirs": [str(d) for d in dirs], "skipped": skipped[:20], "n_skipped": len(skipped),
+            "created": (created[0], created[-1]) if created else None,
+            "generated": time.strftime("%Y-%m-%d %H:%M:%S%z")}
+
+
+def case_detail(row: dict, recs: dict, gate_case: dict, backends: list[str]) -> dict:
+    """Everything the detail view shows for one case (the per-case file's payload)."""
+    any_rec = next(iter(recs.values()))
+    out_backends = []
+    for b in backends:
+        r = recs.get(b)
+        if r is None:
+            continue
+        keep = {k: r.get(k) for k in ("side", "status", "verdict", "platform", "implementation", "versions",
+                                      "kernel_time_s", "wall_time_s", "error", "notes", "repro", "run_id",
+                                      "host", "created", "input_hash", "oracle_version", "tol_version")}
+        out_backends.append({"name": b, "row_verdict": row["b"][b]["v"], **keep,
+                             "tensors": r.get("tensors", {}),
+                             "gate": gate_case.get(b) if isinstance(gate_case, dict) else None})
+    names = {n for r in recs.values() for n in r.get("tensors", {})}
+    order = [n for n in TENSOR_ORDER if n in names] + sorted(names - set(TENSOR_ORDER))
+    return {"n": row["n"], "id": row["id"], "verdict": row["verdict"], "case": any_rec.get("case"),
+            "refused": row.get("refused"), "tensor_order": order, "backends": out_backends}
+
+
+def build_report(dirs: list[Path]) -> dict:
+    """{'summary', 'backends', 'rows', 'details'} from the result records under `dirs`."""
+    dirs = [Path(d) for d in dirs]
+    by_case, skipped = load_records(dirs)
+    backends = backend_order(by_case)
+    gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs))
+    ids = sorted(by_case)
+    rows = [case_row(i, cid, by_case[cid], gate_cases.get(cid, {}), backends) for i, cid in enumerate(ids)]
+    details = [case_detail(row, by_case[row["id"]], gate_cases.get(row["id"], {}), backends) for row in rows]
+    return {"summary": summary(rows, by_case, backends, gate, dirs, skipped), "backends": backends,
+            "sides": {b: next(r[b]["side"] for r in by_case.values() if b in r) for b in backends},
+            "verdict_order": list(VERDICT_ORDER), "rows": rows, "details": details}
+
+
+# ------------------------------------------------------------------ writing
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("parity.html", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False, "allow_nan": False, "separators": (",", ":")}
+    env.filters["fmt"] = lambda x: "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
+    return env
+
+
+def _safe_json(obj) -> str:
+    """JSON for a <script>: '<', '>', '&' and the JS line separators escaped, so no string can
+    close the element or start markup; NaN refused (records never hold it)."""
+    text = json.dumps(obj, allow_nan=False, separators=(",", ":"), default=str)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def _plotly_js() -> Path | None:
+    """plotly.min.js as shipped in the plotly Python package, or None without the package."""
+    try:
+        path = Path(str(resources.files("plotly") / "package_data" / PLOTLY_JS))
+    except ModuleNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def _copy_if_changed(src: Path, dst: Path) -> None:
+    if not (dst.is_file() and dst.stat().st_size == src.stat().st_size and dst.stat().st_mtime >= src.stat().st_mtime):
+        shutil.copyfile(src, dst)
+
+
+def write_report(dirs: list[Path], out: Path) -> Path:
+    """Write `out` (an .html file) and `<out stem>_files/` beside it; returns `out`."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    assets = out.parent / f"{out.stem}_files"
+    cases_dir = assets / "cases"
+    cases_dir.mkdir(parents=True, exist_ok=True)
+    for stale in cases_dir.iterdir():  # detail files of an earlier report written here
+        if re.fullmatch(r"\d+\.js", stale.name):
+            stale.unlink()
+    report = build_report(dirs)
+    static = resources.files("parity.html") / "static"
+    for name in STATIC_FILES:
+        (assets / name).write_bytes((static / name).read_bytes())
+    plotly_js = _plotly_js()
+    if plotly_js is None:
+        print("parity report: the plotly package is missing: the page will have no plots (pip install plotly)",
+              file=sys.stderr)
+    else:
+        _copy_if_changed(plotly_js, assets / PLOTLY_JS)
+    for d in report["details"]:
+        (cases_dir / f"{d['n']}.js").write_text(f"parityCaseLoaded({d['n']},{_safe_json(d)});\n")
+    page_data = {k: report[k] for k in ("backends", "sides", "verdict_order", "rows")}
+    page_data["assets"] = assets.name
+    html = _env().get_template("index.html.j2").render(
+        s=report["summary"], backends=report["backends"], assets=assets.name,
+        data_json=Markup(_safe_json(page_data)))
+    tmp = out.with_name(f".tmp-{out.name}")
+    tmp.write_text(html)
+    tmp.replace(out)
+    return out

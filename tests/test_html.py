@@ -1,0 +1,276 @@
+"""The HTML report (parity.html): its data, its escaping, and the page in headless Chromium.
+
+Records are crafted from numpy arrays with the real comparator (no kernels run): a passing
+reference and candidate, a candidate whose error sits in one head from chunk 2 on, a NaN
+candidate, an erroring one, and a case whose id and error message are hostile HTML.
+Browser tests drive Debian's /usr/bin/chromium with Playwright and skip without it; they
+save reports/screenshots/index.png and failing-detail.png.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cases import Case, make_inputs
+from parity.compare import compare_tensor
+from parity.html import build_report, write_report
+from parity.records import base_record, result_path, worst_verdict, write_json
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "reports" / "screenshots"
+HOSTILE_ID = '<img src=x onerror="window.__pwned=1">'
+HOSTILE_ERROR = '</script><script>window.__pwned=1</script> and <img src=x onerror="window.__pwned=1">'
+
+FAILING = Case("simple_gla", 1, 256, 2, 64, 64, chunk_size=64, h0=True, ht=True)
+PASSING = Case("gla", 1, 128, 2, 64, 64, direction="fwd")
+INPUT_FOR = {"o": "v", "dq": "q", "dk": "k", "dv": "v", "dg": "g", "dg_gamma": "g_gamma", "dbeta": "beta"}
+
+
+def synthetic_oracle(case: Case) -> dict[str, np.ndarray]:
+    """float64 'oracle' tensors of the case's output shapes (values need not be real outputs)."""
+    inputs = make_inputs(case)
+    state = (len(case.seqlens) if case.seqlens else case.B, case.H, case.K, case.V)
+    rng = np.random.default_rng(case.seed + case.T)
+    return {n: rng.standard_normal(state if n in ("ht", "dh0") else np.shape(inputs[INPUT_FOR[n]]))
+            for n in case.output_names()}
+
+
+def record(case: Case, backend: str, side: str, tensors: dict | None, oracle: dict, *, case_id: str | None = None,
+           status: str = "ok", error: str | None = None, platform: str = "cpu:test") -> dict:
+    spec = backend if backend in ("oracle", "fla", "pallas") else f"{backend}=jax:parity.examples:recurrent_scan"
+    rec = base_record(case, spec, backend, side, "0" * 64, "test-html")
+    rec.update(case_id=case_id or case.id, status=status, platform=platform, implementation=f"test.{backend}",
+               versions={"jax": "0.10.2"}, kernel_time_s=0.01, wall_time_s=0.02, error=error, notes={})
+    if status != "ok":
+        rec.update(tensors={}, verdict=status)
+    elif side == "oracle":
+        rec.update(verdict="pass", tensors={n: {"shape": list(a.shape), "rms": float(np.sqrt(np.mean(a ** 2))),
+                                                "max_abs": float(np.abs(a).max()), "nonfinite": 0, "verdict": "pass"}
+                                            for n, a in oracle.items()})
+    else:
+        rec["tensors"] = {n: compare_tensor(case, n, tensors[n], oracle[n]) for n in oracle}
+        rec["verdict"] = worst_verdict(t["verdict"] for t in rec["tensors"].values())
+    return rec
+
+
+def noisy(oracle: dict, rel: float, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {n: a + rel * rng.standard_normal(a.shape) * np.std(a) for n, a in oracle.items()}
+
+
+def write_records(out: Path, n_bulk: int = 0) -> None:
+    """The fixture run: see the module docstring; `n_bulk` extra passing fwd cases for paging."""
+    def put(rec):
+        write_json(result_path(out, rec["backend"], rec["case_id"]), rec)
+
+    oracle = synthetic_oracle(FAILING)
+    bad = noisy(oracle, 1e-7, 2)
+    for name in ("o", "dq", "dk", "dv"):  # head 1 goes wrong from chunk 2 on: a localised bug
+        bad[name][:, 2 * FAILING.chunk_size:, 1] += 1e-2 * np.std(oracle[name])
+    put(record(FAILING, "oracle", "oracle", None, oracle))
+    put(record(FAILING, "fla", "reference", noisy(oracle, 1e-7, 1), oracle, platform="cuda:NVIDIA H100"))
+    put(record(FAILING, "pallas", "candidate", bad, oracle, platform="tpu:TPU v5e"))
+    nan = noisy(oracle, 1e-7, 3)
+    nan["o"][0, 100:] = np.nan
+    put(record(FAILING, "nan", "candidate", nan, oracle))
+
+    oracle = synthetic_oracle(PASSING)
+    put(record(PASSING, "oracle", "oracle", None, oracle))
+    put(record(PASSING, "fla", "reference", noisy(oracle, 1e-7, 1), oracle))
+    put(record(PASSING, "pallas", "candidate", noisy(oracle, 5e-8, 2), oracle))
+    put(record(PASSING, "nan", "candidate", noisy(oracle, 5e-8, 3), oracle))
+
+    hostile = Case("simple_gla", 1, 64, 1, 64, 64, direction="fwd", seed=7)
+    oracle = synthetic_oracle(hostile)
+    put(record(hostile, "oracle", "oracle", None, oracle, case_id=HOSTILE_ID))
+    put(record(hostile, "fla", "reference", noisy(oracle, 1e-7, 1), oracle, case_id=HOSTILE_ID, platform=HOSTILE_ERROR))
+    put(record(hostile, "pallas", "candidate", None, oracle, case_id=HOSTILE_ID, status="error", error=HOSTILE_ERROR))
+    put(record(hostile, "nan", "candidate", noisy(oracle, 1e-7, 2), oracle, case_id=HOSTILE_ID))
+
+    for i in range(n_bulk):
+        case = Case("simple_gla", 1, 64, 1, 64, 64, direction="fwd", seed=100 + i)
+        oracle = synthetic_oracle(case)
+        put(record(case, "oracle", "oracle", None, oracle))
+        put(record(case, "fla", "reference", noisy(oracle, 1e-7, i), oracle))
+        put(record(case, "pallas", "candidate", noisy(oracle, 2e-8 * (1 + i % 3), i + 1), oracle))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("html") / "run"
+    write_records(out, n_bulk=120)
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(run_dir) -> Path:
+    return write_report([run_dir], run_dir / "index.html")
+
+
+# ------------------------------------------------------------------ data and files, no browser
+def test_rows_verdicts_and_failures_first(run_dir):
+    rep = build_report([run_dir])
+    rows = {r["id"]: r for r in rep["rows"]}
+    assert len(rows) == 123 and rep["backends"] == ["oracle", "fla", "nan", "pallas"]
+    bad = rows[FAILING.id]
+    assert bad["b"]["pallas"]["v"] == "fail-accuracy" and bad["b"]["pallas"]["t"] in ("o", "dq", "dk", "dv")
+    assert bad["b"]["nan"]["v"] == "nan-inf" and bad["b"]["nan"]["t"] == "o" and bad["b"]["nan"]["nan"]
+    assert bad["verdict"] == "nan-inf"
+    assert rows[PASSING.id]["verdict"] == "pass" and rows[PASSING.id]["b"]["pallas"]["r"] is not None
+    assert rows[HOSTILE_ID]["b"]["pallas"]["v"] == "error" and rows[HOSTILE_ID]["b"]["pallas"]["err"].startswith("</script>")
+    s = rep["summary"]
+    assert s["gate"]["status"] == "fail" and s["gate"]["failures"] >= 3
+    assert s["verdicts"]["pass"] == 121 and list(s["verdicts"])[0] == "error"
+    assert ("tpu:TPU v5e", 1) in {w["backend"]: w["platforms"] for w in s["where"]}["pallas"]
+    # the detail of the localised failure: error over tolerance from chunk 2, in head 1
+    det = next(d for d in rep["details"] if d["id"] == FAILING.id)
+    o = next(b for b in det["backends"] if b["name"] == "pallas")["tensors"]["o"]
+    assert o["localisation"]["first_chunk"] == 2 and o["localisation"]["head"] == 1
+    assert len(o["heatmap"]) == 4 and len(o["heatmap"][0]) == 2
+
+
+def test_page_files_escape_hostile_strings(page):
+    html = page.read_text()
+    assert "<img" not in html and "</script><script>" not in html and "onerror=\"" not in html
+    assert "&lt;/script&gt;&lt;script&gt;" in html  # the hostile platform, rendered by jinja2 as text
+    assets = page.parent / "index_files"
+    assert (assets / "plotly.min.js").stat().st_size > 1_000_000
+    case_files = sorted((assets / "cases").glob("*.js"))
+    assert len(case_files) == 123
+    for f in case_files:
+        text = f.read_text()
+        assert "<" not in text and re.fullmatch(r"parityCaseLoaded\(\d+,\{.*\}\);\n", text, re.S)
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)[1])
+    assert HOSTILE_ID in [r["id"] for r in data["rows"]]
+
+
+def test_rewrite_removes_stale_case_files(tmp_path):
+    write_records(tmp_path / "a", n_bulk=3)
+    write_records(tmp_path / "b", n_bulk=0)
+    out = tmp_path / "r.html"
+    write_report([tmp_path / "a"], out)
+    assert len(list((tmp_path / "r_files" / "cases").glob("*.js"))) == 6
+    write_report([tmp_path / "b"], out)
+    assert len(list((tmp_path / "r_files" / "cases").glob("*.js"))) == 3
+
+
+def test_parity_report_command(run_dir, tmp_path, capsys):
+    from parity.cli import main
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "rep.html")]) == 0
+    assert (tmp_path / "rep.html").is_file() and "report:" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the page in Chromium
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; scripts/browser.sh)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def tab(browser, page):
+    """A fresh page on the report; collects console errors and uncaught exceptions."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = ctx.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.goto(page.as_uri())
+    pg.wait_for_selector("body[data-ready='1']")
+    yield pg
+    ctx.close()
+
+
+def visible_ids(pg) -> list[str]:
+    return pg.locator("#case-table tbody td.id a").all_text_contents()
+
+
+def test_index_loads_without_errors(tab):
+    assert tab.locator("#gate-outcome .big").text_content().strip() == "FAIL"
+    assert tab.locator("#count").text_content().startswith("123 of 123 cases")
+    ids = visible_ids(tab)
+    assert len(ids) == 100  # first page
+    assert ids[0] == HOSTILE_ID and ids[1] == FAILING.id  # failures first: error, then nan-inf
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SCREENSHOTS / "index.png"), full_page=False)
+    assert tab.errors == []
+
+
+def test_sorting_changes_rows(tab):
+    before = visible_ids(tab)
+    tab.click("#sort-row th[data-key='id'] button")
+    asc = visible_ids(tab)
+    assert asc != before and asc == sorted(asc)
+    assert tab.get_attribute("#sort-row th[data-key='id']", "aria-sort") == "ascending"
+    tab.click("#sort-row th[data-key='id'] button")
+    desc = visible_ids(tab)
+    assert desc == sorted(desc, reverse=True) and desc[0] != asc[0]
+    tab.click("#sort-row th[data-key='pallas.e'] button")  # numeric: largest error first
+    assert visible_ids(tab)[0] == FAILING.id
+    assert tab.errors == []
+
+
+def test_filtering_and_paging_change_rows(tab):
+    tab.fill("#f-text", "gla-fwd-B1-T128")
+    assert visible_ids(tab) == [PASSING.id]
+    tab.fill("#f-text", "")
+    tab.select_option("#f-verdict", "!pass")
+    assert sorted(visible_ids(tab)) == sorted([HOSTILE_ID, FAILING.id])
+    tab.select_option("#f-verdict", "")
+    tab.select_option("#f-op", "gla")
+    assert visible_ids(tab) == [PASSING.id]
+    tab.select_option("#f-op", "")
+    n_columns = tab.locator("#sort-row th").count()
+    tab.uncheck("#f-backends input[data-backend='nan']")  # hide a backend's columns
+    assert tab.locator("#sort-row th").count() == n_columns - 5
+    assert "nan" not in tab.locator("#case-table tr.groups").all_text_contents()[0]
+    assert tab.locator("#case-table tbody tr").first.locator("td").count() == n_columns - 5
+    first_page = visible_ids(tab)
+    tab.click("#next")
+    second = visible_ids(tab)
+    assert len(second) == 23 and not set(second) & set(first_page)
+    assert tab.errors == []
+
+
+def test_failing_detail_shows_plots(tab):
+    tab.locator("#case-table a", has_text=FAILING.id).click()
+    tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+    assert tab.locator("#cases").is_hidden() and tab.locator("#detail-title").text_content().endswith(FAILING.id)
+    assert int(tab.get_attribute("#detail", "data-plots")) >= 10
+    o = tab.locator("section.tensor[data-tensor='o']")
+    assert o.locator(".plot.profile .scatterlayer .trace").count() >= 3   # fla, nan, pallas (+ tol lines)
+    assert o.locator(".plot.heatmap .heatmaplayer .hm").count() == 3    # one time x head map per backend
+    assert o.locator("table.worst tbody tr").count() == 15
+    assert "first over tol: chunk 2 (t=128), head 1" in o.locator("table.metrics").text_content()
+    assert "NaN" in o.text_content()
+    assert tab.locator(".repro code", has_text="--backends oracle,pallas").count() == 1
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    o.scroll_into_view_if_needed()
+    tab.screenshot(path=str(SCREENSHOTS / "failing-detail.png"), full_page=False)
+    tab.click("#back")
+    tab.wait_for_selector("#cases", state="visible")
+    assert tab.errors == []
+
+
+def test_hostile_strings_render_as_text(tab):
+    assert tab.locator("#case-table td.id a").first.text_content() == HOSTILE_ID
+    assert HOSTILE_ERROR in tab.locator("table.where").text_content()
+    tab.locator("#case-table td.id a").first.click()
+    tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+    assert tab.locator("#detail-title").text_content().endswith(HOSTILE_ID)
+    assert tab.locator("details.error pre").first.text_content() == HOSTILE_ERROR
+    assert tab.evaluate("window.__pwned") is None
+    assert tab.evaluate("document.querySelectorAll('img').length") == 0
+    assert tab.evaluate("[...document.scripts].every(s => !s.textContent.includes('__pwned=1') || s.type === 'application/json')")
+    assert tab.errors == []
