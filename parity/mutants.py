@@ -82,7 +82,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("bf16-state", "simple_gla", "pallas", switch="state_bf16",
            what="the recurrent state carried between chunks in bfloat16 instead of float32 "
                 "(accuracy only: the bound against FLA must catch it)",
-           witness="simple_gla-fwd-B1-T256-H2-K64-V64-bf16-C64-g_logsig-ht"),
+           witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-g_logsig-ht"),
     Mutant("kda-beta-keys-only", "kda", "pallas", switch="beta_keys_only",
            what="kda: beta applied to the keys but not to the values in the WY solve",
            witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),

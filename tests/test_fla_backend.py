@@ -75,6 +75,34 @@ def test_interpreter_computes_bfloat16_on_values_not_bits():
 
 
 @triton.jit
+def _fp32_dot_kernel(a_ptr, b_ptr, tf32_ptr, ieee_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    a = tl.load(a_ptr + r[:, None] * N + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * N + r[None, :])
+    tl.store(tf32_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))                      # default: tf32
+    tl.store(ieee_ptr + r[:, None] * N + r[None, :], tl.dot(a, b, input_precision="ieee"))
+
+
+def _round_tf32(x):
+    """float32 -> nearest value with a 10-bit mantissa (ties to even), by integer arithmetic."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def test_float32_dot_uses_tf32_like_the_gpu_unless_ieee_is_asked():
+    N = 16
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, N, N)).astype(np.float32)
+    tf32, ieee = torch.empty(N, N), torch.empty(N, N)
+    _fp32_dot_kernel[(1,)](torch.from_numpy(a), torch.from_numpy(b), tf32, ieee, N=N)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(ieee.numpy(), exact, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tf32.numpy(), _round_tf32(a) @ _round_tf32(b), rtol=1e-5, atol=1e-5)
+    assert np.abs(tf32.numpy() - exact).max() > 1e-4   # TF32's error, far above float32's
+
+
+@triton.jit
 def _range_kernel(out_ptr, n):
     acc = tl.zeros([1], dtype=tl.int64)
     for i in range(n):

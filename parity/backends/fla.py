@@ -97,6 +97,8 @@ class FlaBackend:
                 tensors, seconds = run_torch(call, case, inputs, "cpu")
             platform = "cpu:triton-interpreter"
         notes = {"chunk_size": chunk}
+        if not _cuda():
+            notes["emulation"] = "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU"
         missing = {n: "FLA's autograd returns no gradient for it" for n in case.output_names()
                    if n not in tensors and n in GRAD_NAMES.values()}
         if missing:

@@ -13,7 +13,10 @@ file is modified:
 3. The interpreter stores bfloat16 as raw uint16 bits and its numpy ops compute on the
    bits (a bf16 dot multiplies integers). Every arithmetic, comparison, dot, fma, cast,
    reduction and scan with a bfloat16 operand is made to widen to float32, compute, and round to nearest even
-   back to bfloat16, as the GPU does.
+   back to bfloat16, as the GPU does. And as on the GPU, a float32 `tl.dot` with the
+   default input precision ("tf32", which FLA's kernels use) rounds its operands to
+   TF32 (10 mantissa bits; modelled as round to nearest even) and accumulates in float32;
+   "ieee" and "tf32x3" dots stay exact float32.
 """
 from __future__ import annotations
 
@@ -157,7 +160,17 @@ def _patch_bfloat16(interpreter) -> None:
 
     original_dot = Builder.create_dot
 
+    from triton._C.libtriton import ir
+    tf32 = ir.INPUT_PRECISION.TF32
+
+    def as_tf32(h):
+        if h.dtype.scalar != tl.float32:
+            return h
+        return TensorHandle(interpreter._round_f32_to_tf32(h.data), tl.float32)
+
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == tf32:  # the GPU's default for float32 operands: TF32 tensor cores
+            a, b = as_tf32(a), as_tf32(b)
         if not (is_bf16(a) or is_bf16(b) or is_bf16(d)):
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         out = original_dot(self, widen(a), widen(b), widen(d), input_precision, max_num_imprecise_acc)

@@ -1,0 +1,78 @@
+"""In-kernel helpers: float32-accumulating matmuls and safe decay matrices.
+
+Safe decays: a log-decay cumulative sum b is non-increasing inside a chunk, so
+exp(b_i - b_j) <= 1 for i >= j, while the upper triangle (i < j) can overflow float32
+once |g| * chunk_size > 88.7 (seeds 000/001). `causal_decay` masks the exponent before
+exp, never the product after it (inf * 0 = NaN).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import tpu as pltpu
+
+F32 = jnp.float32
+
+
+def dot(a, b, trans_a: bool = False, trans_b: bool = False):
+    """a @ b (a^T / b^T when asked) accumulated in float32. bf16 x bf16 stays bf16 on the MXU
+    (products are exact in float32); anything else is multiplied in full float32."""
+    if not (a.dtype == b.dtype == jnp.bfloat16):
+        a, b = a.astype(F32), b.astype(F32)
+    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST, preferred_element_type=F32)
+
+
+def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False, unmasked: bool = False,
+                 gamma=None):
+    """[C, C] float32 decay D[i, j] = exp(b_i - b_j) for i >= j, else 0 (masked before exp).
+
+    b_col [C, 1] and b_row [1, C] hold the same chunk-local cumulative log-decay; or, with
+    gamma given, step counts m so that b = gamma * m and b_i - b_j = gamma * (m_i - m_j) is
+    rounded once (not the difference of two rounded large numbers).
+    transpose: D^T, i.e. D[j, i] = exp(b_i - b_j) for i >= j, built from the same inputs
+    (rows indexed by j). strict drops the diagonal; unmasked takes exp over the whole
+    chunk and masks the product (the seed-000 bug, only for the mutation suite)."""
+    C = b_col.shape[0]
+    row = lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    col = lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    if transpose:   # entry [r, c] = exp(b_c - b_r) for c >= r
+        keep = col > row if strict else col >= row
+        diff = b_row - b_col
+    else:           # entry [r, c] = exp(b_r - b_c) for r >= c
+        keep = row > col if strict else row >= col
+        diff = b_col - b_row
+    if gamma is not None:
+        diff = gamma * diff
+    if unmasked:
+        # a 0/1 float mask from integer arithmetic, as a kernel would load it: multiplying by
+        # keep.astype(F32) would let XLA (interpret mode) rewrite the product as a select and
+        # hide the NaN that Mosaic on a TPU produces
+        lower = (col - row) if transpose else (row - col)
+        return jnp.exp(diff) * jnp.clip(lower + (0 if strict else 1), 0, 1).astype(F32)
+    return jnp.exp(jnp.where(keep, diff, -jnp.inf))
+
+
+def factorised_decay(b_col, b_row, *, transpose: bool = False):
+    """The seed-001 bug (mutation suite only): exp(b_i) * exp(-b_j) * mask, which overflows."""
+    C = b_col.shape[0]
+    row = lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    col = lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    if transpose:
+        return jnp.exp(b_row) * jnp.exp(-b_col) * (col >= row).astype(F32)
+    return jnp.exp(b_col) * jnp.exp(-b_row) * (row >= col).astype(F32)
+
+
+def row_sum(x):
+    """[R, D] -> [R, 1]."""
+    return jnp.sum(x, axis=1, keepdims=True)
+
+
+def total(x):
+    """[R, D] -> [1, 1]."""
+    return jnp.sum(row_sum(x), axis=0, keepdims=True)
+
+
+def params(*semantics: str):
+    """pltpu.CompilerParams with these dimension semantics ('parallel' / 'arbitrary')."""
+    return pltpu.CompilerParams(dimension_semantics=semantics)
