@@ -4,5 +4,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
-python -m pytest -n 2 -m "not interpret and not slow" tests "$@"
-python -m pytest -n 2 -m interpret --suite ci tests "$@"
+status=0
+python -m pytest -n 2 -m "not interpret and not slow" tests "$@" || status=$?
+python -m pytest -n 2 -m interpret --suite ci tests "$@" || status=$?
+exit "$status"
