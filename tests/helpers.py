@@ -37,3 +37,17 @@ def perturbed(case: Case, towards: dict[str, np.ndarray], times: float) -> dict[
 
 def deep(d):
     return copy.deepcopy(d)
+
+
+def assert_matches_oracle(case: Case, tensors: dict[str, np.ndarray]) -> None:
+    """Every output and gradient the case asks for is present and passes the comparator
+    (finite, rel_rms within tol) against the float64 oracle."""
+    from parity.compare import compare_tensor
+    oracle = cached_oracle(case, make_inputs(case))[0]
+    assert set(tensors) == set(case.output_names())
+    failures = {}
+    for name in case.output_names():
+        m = compare_tensor(case, name, tensors[name], oracle[name])
+        if m["verdict"] != "pass":
+            failures[name] = (m["verdict"], m["rel_rms"], m["tol"], m["nan"], m["inf"])
+    assert not failures, failures

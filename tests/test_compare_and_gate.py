@@ -58,9 +58,10 @@ def test_drift_is_told_apart_from_a_local_fault():
     c = Case("simple_gla", 1, 512, 1, 64, 64)
     r = oracle_run(c.replace(direction="fwd"), make_inputs(c))["o"]
     t = np.arange(512)[None, :, None, None]
-    drift = compare_tensor(c, "o", r * (1 + 1e-3 * t / 512), r)
+    eps = tol(c, "o")  # errors well above the tolerance, one growing along T, one in 10 steps
+    drift = compare_tensor(c, "o", r * (1 + 10 * eps * t / 512), r)
     local = r.copy()
-    local[0, 200:210] *= 1.01
+    local[0, 200:210] *= 1 + 50 * eps
     loc = compare_tensor(c, "o", local, r)
     assert drift["localisation"]["pattern"] == "drift"
     assert loc["localisation"]["pattern"] == "local" and loc["localisation"]["first_chunk"] == 3
@@ -68,7 +69,7 @@ def test_drift_is_told_apart_from_a_local_fault():
 
 def test_tolerance_grows_with_dtype_T_chunk_and_K():
     c = Case("gla", 1, 256, 1, 64, 64)
-    assert tol(c.replace(dtype="bfloat16"), "o") > 1000 * tol(c, "o")
+    assert tol(c.replace(dtype="bfloat16"), "o") > tol(c, "o")
     assert tol(c.replace(T=4096), "o") > tol(c, "o")
     assert tol(c.replace(chunk_size=128), "o") > tol(c, "o")
     assert tol(c.replace(K=256), "o") > tol(c, "o")

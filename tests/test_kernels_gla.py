@@ -13,9 +13,7 @@ import pytest
 from cases import Case
 from cases.inputs import make_inputs
 from parity.backends.calling import run_jax
-from parity.compare import rel_rms
-from parity.tol import tol
-from references import oracle_run
+from tests.helpers import assert_matches_oracle
 
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.gla import chunk_gla
@@ -41,14 +39,7 @@ def test_matches_float64_oracle_within_tol(case_id):
     case = Case.from_id(case_id)
     inputs = make_inputs(case)
     got, _ = run_jax(chunk_gla, case, inputs)
-    ref = oracle_run(case, inputs)
-    assert set(got) == set(case.output_names())
-    for name, r in ref.items():
-        x = np.asarray(got[name], np.float64)
-        assert x.shape == r.shape, name
-        assert np.isfinite(x).all(), f"{name}: {np.isnan(x).sum()} NaN, {np.isinf(x).sum()} Inf"
-        eps = rel_rms(x, r)
-        assert eps <= tol(case, name), f"{name}: rel_rms {eps:.3g} > tol {tol(case, name):.3g}"
+    assert_matches_oracle(case, got)
     # dtypes of FLA's convention: o and dq, dk, dv in the input dtype, states and dg float32
     assert got["o"].dtype == inputs["q"].dtype
     if case.backward:

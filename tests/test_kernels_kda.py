@@ -15,8 +15,7 @@ from cases import Case, make_inputs
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.kda import chunk_kda
 from parity.backends.calling import run_jax
-from parity.backends.oracle import cached_oracle
-from parity.compare import compare_tensor
+from tests.helpers import assert_matches_oracle
 
 KERNELS = ("_intra_kernel", "_recurrence_fwd_kernel", "_recurrence_bwd_kernel", "_chunk_grads_kernel")
 
@@ -32,22 +31,11 @@ CASES = [
 ]
 
 
-def _check_against_oracle(case: Case, tensors: dict[str, np.ndarray]):
-    oracle = cached_oracle(case, make_inputs(case))[0]
-    assert set(tensors) == set(case.output_names())
-    failures = {}
-    for name in case.output_names():
-        m = compare_tensor(case, name, tensors[name], oracle[name])
-        if m["verdict"] != "pass":
-            failures[name] = (m["verdict"], m["rel_rms"], m["tol"], m["nan"], m["inf"])
-    assert not failures, failures
-
-
 @pytest.mark.parametrize("case_id", CASES)
 def test_matches_oracle(case_id):
     case = Case.from_id(case_id)
     tensors, _ = run_jax(chunk_kda, case, make_inputs(case))
-    _check_against_oracle(case, tensors)
+    assert_matches_oracle(case, tensors)
 
 
 def _packed_call(inputs, cu_seqlens, chunk_size):
