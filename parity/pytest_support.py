@@ -54,6 +54,8 @@ def explain(case: Case, records: dict[str, dict], gate: dict | None) -> list[str
         if rec["status"] in ("error", "timeout"):
             problems.append(f"[{name}] {rec['status']}: {(rec.get('error') or '').strip()[:1500]}\n  {where}\n  repro: {rec['repro']}")
             continue
+        if rec["side"] == "reference":  # its tensors' verdicts are findings, not failures
+            continue
         for tname, t in rec.get("tensors", {}).items():
             bound_entry = None
             if gate and rec["side"] == "candidate":
@@ -79,9 +81,26 @@ def explain(case: Case, records: dict[str, dict], gate: dict | None) -> list[str
     return problems
 
 
+def reference_findings(case: Case, records: dict[str, dict]) -> list[str]:
+    """The reference's own tensors outside tolerance or non-finite: reported, never a test
+    failure (the gate then bounds nothing with a non-finite reference tensor)."""
+    out = []
+    for name, rec in records.items():
+        if rec["side"] != "reference":
+            continue
+        for tname, t in rec.get("tensors", {}).items():
+            if t.get("verdict") in ("fail-accuracy", "nan-inf"):
+                w = (t.get("worst") or [{}])[0]
+                out.append(f"{case.id}: reference {name} {tname} {t['verdict']} (rel_rms {_fmt(t.get('rel_rms'))}, "
+                           f"tol {_fmt(t.get('tol'))}, nan {t.get('nan')}, inf {t.get('inf')}, worst index "
+                           f"{w.get('index')}) on {rec.get('platform')}")
+    return out
+
+
 def check_case(case: Case, mode: str, candidates: list[str], report_dir: Path, run_id: str,
-               factor: float) -> tuple[list[str], str | None]:
-    """Run `case` for a marker; returns (problems, why no candidate could run it or None)."""
+               factor: float) -> tuple[list[str], str | None, list[str]]:
+    """Run `case` for a marker; returns (problems, why no candidate could run it or None,
+    findings about the reference)."""
     specs = MODE_BACKENDS[mode] + ([] if mode == "gpu" else list(candidates))
     backends = _backends(tuple(specs))
     recs, _ = run_case(case, specs, backends, report_dir, run_id)
@@ -96,7 +115,7 @@ def check_case(case: Case, mode: str, candidates: list[str], report_dir: Path, r
     no_kernel = None
     if cands and all(r["status"] == "unsupported" for r in cands):
         no_kernel = "; ".join(f"{r['backend']}: {r.get('error')}" for r in cands)
-    return explain(case, by_backend, gate), no_kernel
+    return explain(case, by_backend, gate), no_kernel, reference_findings(case, by_backend)
 
 
 def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, bool | None]:
