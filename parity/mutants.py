@@ -20,7 +20,6 @@ import numpy as np
 from cases import Case
 
 from .backends.base import Execution, Unsupported
-from .backends.calling import run_jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,23 +101,17 @@ class MutantBackend:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         from kernels_jax.common import mutation
-        from kernels_jax.common.platform import platform_name
 
-        from .backends.jax_backends import PallasBackend, _versions
+        from .backends.jax_backends import PallasBackend
         m = self.mutant
         if case.op != m.op:
             raise Unsupported(f"{self.name} mutates the {m.op} kernel")
-        fn = PallasBackend(m.impl).kernel(case)
-        call = m.wrap(fn) if m.wrap else fn
+        pallas = PallasBackend(m.impl)
+        fn = pallas.kernel(case)
         with mutation.enabled(*([m.switch] if m.switch else [])):
-            tensors, seconds = run_jax(call, case, inputs)
-        return Execution(tensors=tensors, platform=platform_name(),
-                         implementation=f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
-                         versions=_versions(), kernel_time_s=seconds, notes={"mutant": m.name})
-
-
-def applies(m: Mutant, case: Case) -> bool:
-    return case.op == m.op and (m.impl != "pallas-fused" or case.uses_g_gamma)
+            return pallas.execute(m.wrap(fn) if m.wrap else fn, case, inputs,
+                                  implementation=f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
+                                  notes={"mutant": m.name})
 
 
 def score(gate: dict, mutants: list[Mutant]) -> dict:

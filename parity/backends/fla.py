@@ -47,9 +47,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _kernel(case: Case):
+def _kernel(case: Case, cuda: bool):
     import importlib
-    if not _cuda():
+    if not cuda:
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
         compiled_already = "fla" in sys.modules and not triton_interpreter.interpreting_fla()
         triton_interpreter.enable()
@@ -74,7 +74,8 @@ class FlaBackend:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
-        fla_fn = _kernel(case)
+        cuda = _cuda()
+        fla_fn = _kernel(case, cuda)
         chunk = fla_chunk_size(case)
         extra = {} if case.op == "gla" else {"chunk_size": chunk}
 
@@ -88,7 +89,7 @@ class FlaBackend:
             return fla_fn(q, k, v, **gates, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra)
 
-        if _cuda():
+        if cuda:
             run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
             tensors, seconds = run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)
             platform = f"cuda:{torch.cuda.get_device_name()}"
@@ -97,7 +98,7 @@ class FlaBackend:
                 tensors, seconds = run_torch(call, case, inputs, "cpu")
             platform = "cpu:triton-interpreter"
         notes = {"chunk_size": chunk}
-        if not _cuda():
+        if not cuda:
             notes["emulation"] = "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU"
         missing = {n: "FLA's autograd returns no gradient for it" for n in case.output_names()
                    if n not in tensors and n in GRAD_NAMES.values()}

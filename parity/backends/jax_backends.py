@@ -62,10 +62,15 @@ class PallasBackend:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         fn = self.kernel(case)
+        return self.execute(fn, case, inputs, implementation=f"{fn.__module__}.{fn.__name__}")
+
+    @staticmethod
+    def execute(fn: Callable, case: Case, inputs: dict[str, np.ndarray], implementation: str,
+                notes: dict | None = None) -> Execution:
+        """Call a kernels_jax kernel (or a variant of one) and record where it ran."""
         tensors, seconds = run_jax(fn, case, inputs)
-        return Execution(tensors=tensors, platform=_platform(),
-                         implementation=f"{fn.__module__}.{fn.__name__}", versions=_versions(),
-                         kernel_time_s=seconds)
+        return Execution(tensors=tensors, platform=_platform(), implementation=implementation,
+                         versions=_versions(), kernel_time_s=seconds, notes=notes or {})
 
 
 class JaxCandidate:

@@ -191,7 +191,7 @@ def _patch_bfloat16(interpreter) -> None:
             return original_cast(self, original_cast(self, src, tl.float32), dst_type)
         return original_cast(self, src, dst_type)
 
-    Builder.cast_impl = cast_impl
+    Builder.cast_impl = cast_impl  # create_fp_ext, create_si_to_fp, ... all call self.cast_impl
 
     def reduce_on_values(method):
         """Wrap a ReduceOps/ScanOps numpy fast path (sum, max, cumsum, ...) likewise."""
@@ -211,6 +211,3 @@ def _patch_bfloat16(interpreter) -> None:
     for ops, names in ((interpreter.ReduceOps, ("sum", "min_max")), (interpreter.ScanOps, ("cumsum", "cumprod"))):
         for name in names:
             setattr(ops, name, reduce_on_values(getattr(ops, name)))
-    for name in ("create_si_to_fp", "create_ui_to_fp", "create_fp_to_si", "create_fp_to_ui",
-                 "create_fp_ext", "create_fp_trunc"):
-        setattr(Builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
