@@ -12,8 +12,11 @@
     floor_rel, floor_abs  rounding noise of the output dtype at the oracle's magnitude:
                      the rel_rms / max_abs of the oracle itself rounded to that dtype
     tol, verdict     against parity.tol (pass, fail-accuracy, nan-inf)
+    row_heatmap      state tensors: rel error per (sequence row, head), [N][H]
     localisation     where the error first exceeds tolerance and what its shape looks like
-`bound(cand, ref, factor)` applies eps_c <= factor * eps_r + floor on rel_rms and max_abs.
+                     (first chunk, token and head, or sequence and head; see localise)
+`bound(cand, ref, factor)` applies eps_c <= factor * eps_r + floor on rel_rms and max_abs;
+`bound_localisation` says where along T and in which head the candidate exceeds it.
 """
 from __future__ import annotations
 
@@ -46,18 +49,33 @@ def _ulp(r: np.ndarray, dtype: str) -> np.ndarray:
     return np.exp2(exp - fi.nmant)
 
 
+def _chunk_sums(a: np.ndarray, C: int) -> np.ndarray:
+    """[B, T, H, ...] -> sums per (chunk along T, head), [n_chunks, H]."""
+    B, T, H = a.shape[:3]
+    n = -(-T // C)
+    a = np.pad(a.reshape(B, T, H, -1).sum(-1, dtype=np.float64), ((0, 0), (0, n * C - T), (0, 0)))
+    return a.reshape(B, n, C, H).sum((0, 2))
+
+
 def _chunk_errors(err2: np.ndarray, ref2: np.ndarray, C: int) -> tuple[list, list]:
     """err2, ref2: squared error / oracle [B, T, H, ...] -> (profile [n_chunks], heatmap [n_chunks][H])."""
-    B, T, H = err2.shape[:3]
-    n = -(-T // C)
-    pad = n * C - T
-    red = lambda a: np.pad(a.reshape(B, T, H, -1).sum(-1), ((0, 0), (0, pad), (0, 0))).reshape(B, n, C, H).sum((0, 2))
-    e, r = red(err2), red(ref2)  # [n, H]
+    e, r = _chunk_sums(err2, C), _chunk_sums(ref2, C)  # [n, H]
     with np.errstate(divide="ignore", invalid="ignore"):
         heat = np.sqrt(e / np.where(r > 0, r, np.nan))
         prof = np.sqrt(e.sum(1) / np.where(r.sum(1) > 0, r.sum(1), np.nan))
-    clean = lambda a: [None if not np.isfinite(v) else float(v) for v in np.ravel(a)]
-    return clean(prof), [clean(row) for row in heat]
+    return _clean(prof), [_clean(row) for row in heat]
+
+
+def _row_head_errors(err2: np.ndarray, ref2: np.ndarray) -> list:
+    """State-like [N, H, ...] tensors: rel error per (sequence row, head), [N][H]."""
+    N, H = err2.shape[:2]
+    e, r = err2.reshape(N, H, -1).sum(-1), ref2.reshape(N, H, -1).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [_clean(row) for row in np.sqrt(e / np.where(r > 0, r, np.nan))]
+
+
+def _clean(a) -> list:
+    return [None if not np.isfinite(v) else float(v) for v in np.ravel(a)]
 
 
 def _sequence_errors(err2, ref2, case) -> list | None:
@@ -67,34 +85,67 @@ def _sequence_errors(err2, ref2, case) -> list | None:
     out = []
     for s, e in zip(case.cu_seqlens[:-1], case.cu_seqlens[1:]):
         den = ref2[:, s:e].sum()
-        out.append(float(math.sqrt(err2[:, s:e].sum() / den)) if den > 0 else None)
+        out.append(_num(math.sqrt(err2[:, s:e].sum() / den)) if den > 0 else None)
     return out
 
 
-def localise(case, name: str, profile: list, heatmap: list, sequences: list | None, tolerance: float) -> dict:
-    """First chunk / time step / head where the error exceeds tolerance, and a label for the
-    shape of the error profile: 'drift' (grows along T), 'first-chunk', 'chunk-boundary',
-    'one-sequence', 'local' (a few chunks) or 'uniform'."""
-    if name not in TIME_TENSORS or not profile:
+def _grid(rows: list) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64).reshape(len(rows), -1)
+
+
+def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
+             seq_limit=None) -> dict:
+    """Where the error of one tensor first exceeds `limit`, and the shape of the error.
+
+    rec: a compare_tensor record (profile, heatmap or row_heatmap, sequences).
+    limit: a scalar (the tolerance) or an array of the heatmap's shape (the bound, per
+    chunk and head); seq_limit the same per packed sequence (default: limit).
+    nonfinite_cells: bool [n_chunks][H], cells holding NaN/Inf.
+    Time tensors [B, T, H, ...] give first_chunk, first_t (the chunk's start; the comparator
+    refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
+    along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' (one sequence of
+    a varlen batch), 'uniform' or 'non-finite'. State tensors [N, H, K, V] give the first
+    sequence and head over the limit and 'one-sequence' or 'all-sequences'."""
+    if name not in TIME_TENSORS:
+        grid = rec.get("row_heatmap")
+        if not grid:
+            return {}
+        heat = _grid(grid)
+        bad = np.nan_to_num(heat, nan=np.inf) > np.asarray(limit)
+        if not bad.any():
+            return {"against": against, "pattern": "uniform"}
+        n, h = map(int, np.argwhere(bad)[0])
+        rows_bad = int(bad.any(1).sum())
+        return {"against": against, "sequence": n, "head": h,
+                "pattern": "one-sequence" if rows_bad == 1 and len(grid) > 1 else "all-sequences" if len(grid) > 1 else "state"}
+    profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
+    if not profile:
         return {}
-    prof = np.array([np.nan if v is None else v for v in profile])
-    heat = np.array([[np.nan if v is None else v for v in row] for row in heatmap])
-    bad = np.nan_to_num(heat, nan=np.inf) > tolerance
-    loc: dict = {}
+    prof = np.array([np.nan if v is None else v for v in profile], dtype=np.float64)
+    heat = _grid(heatmap)
+    limit_heat = np.broadcast_to(np.asarray(limit, np.float64), heat.shape)
+    bad = np.nan_to_num(heat, nan=np.inf) > limit_heat
+    if nonfinite_cells is not None:
+        bad |= np.asarray(nonfinite_cells, bool)
+    loc: dict = {"against": against}
     if bad.any():
-        c, h = map(int, np.argwhere(bad)[0])
-        loc.update(first_chunk=c, first_t=c * case.chunk_size, head=int(np.nanargmax(heat[c])) if np.isfinite(heat[c]).any() else h)
+        c = int(np.argwhere(bad)[0][0])
+        row = np.where(bad[c], np.nan_to_num(heat[c], nan=np.inf) / limit_heat[c], -np.inf)
+        loc.update(first_chunk=c, first_t=c * case.chunk_size, head=int(np.argmax(row)))
     finite = prof[np.isfinite(prof)]
     if finite.size == 0:
         loc["pattern"] = "non-finite"
         return loc
-    over = np.nan_to_num(prof, nan=np.inf) > tolerance
+    # a chunk is over when any of its heads is (a per-head limit makes the profile alone unfit)
+    over = bad.any(1)
     n = len(prof)
-    if sequences and len(sequences) > 1:
-        seq = np.array([np.nan if v is None else v for v in sequences])
-        if np.nanmax(seq) > tolerance and np.sum(seq > tolerance) == 1:
+    sequences = rec.get("sequences")
+    if sequences and len(sequences) > 1 and over.any():
+        seq = np.array([np.inf if v is None else v for v in sequences], dtype=np.float64)
+        seq_bad = np.flatnonzero(seq > np.asarray(limit if seq_limit is None else seq_limit, np.float64))
+        if len(seq_bad) == 1:
             loc["pattern"] = "one-sequence"
-            loc["sequence"] = int(np.nanargmax(seq))
+            loc["sequence"] = int(seq_bad[0])
             return loc
     if n >= 3 and over.sum() == 1 and over[0]:
         loc["pattern"] = "first-chunk"
@@ -107,6 +158,45 @@ def localise(case, name: str, profile: list, heatmap: list, sequences: list | No
     else:
         loc["pattern"] = "uniform"
     return loc
+
+
+def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) -> dict:
+    """Where the candidate exceeds the bound: per chunk and head (per sequence and head for
+    states), factor x the reference's error there + the dtype floor; a reference cell that
+    is NaN/Inf bounds nothing."""
+    key = "heatmap" if name in TIME_TENSORS else "row_heatmap"
+    if not cand.get(key) or not ref.get(key):
+        return {}
+    floor = ref.get("floor_rel") or 0.0
+    limit = factor * np.nan_to_num(_grid(ref[key]), nan=np.inf) + floor
+    seq_limit = None
+    if cand.get("sequences") and ref.get("sequences"):
+        seq_limit = factor * np.array([np.inf if v is None else v for v in ref["sequences"]]) + floor
+    return localise(case, name, cand, limit, "bound", seq_limit=seq_limit)
+
+
+def _first_bad_token(case, err2, ref2, nonfinite, loc: dict, limit: float) -> int:
+    """The first token of the first bad chunk, in its head, whose error (or NaN/Inf) is large:
+    |error| over limit x the chunk's oracle rms per token."""
+    C, c, h = case.chunk_size, loc["first_chunk"], loc["head"]
+    sl = slice(c * C, min((c + 1) * C, err2.shape[1]))
+    e = err2[:, sl, h].reshape(err2.shape[0], -1, int(np.prod(err2.shape[3:], dtype=int))).sum((0, 2))
+    r = ref2[:, sl, h].sum() / max(1, e.size)
+    nf = nonfinite[:, sl, h].reshape(nonfinite.shape[0], e.size, -1).any((0, 2))
+    hit = np.flatnonzero(nf | (np.sqrt(e) > limit * math.sqrt(r)))
+    return c * C + int(hit[0]) if hit.size else c * C
+
+
+def describe_localisation(loc: dict | None) -> str:
+    """One line for terminals and reports, e.g. 'drift; first over tol: chunk 2 (t=131), head 1'."""
+    if not loc:
+        return ""
+    parts = [loc.get("pattern", "")]
+    if "first_chunk" in loc:
+        parts.append(f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), head {loc['head']}")
+    if "sequence" in loc:
+        parts.append(f"sequence {loc['sequence']}" + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else ""))
+    return "; ".join(p for p in parts if p)
 
 
 def compare_tensor(case, name: str, x, ref) -> dict:
@@ -146,12 +236,15 @@ def compare_tensor(case, name: str, x, ref) -> dict:
         "worst": worst, "floor_rel": rel_rms(rounded, r0), "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
         "tol": tolerance,
     }
+    nonfinite = ~x_ok & ref_ok
     if name in TIME_TENSORS:
         rec["profile"], rec["heatmap"] = _chunk_errors(err2, ref2, case.chunk_size)
-        rec["sequences"] = _sequence_errors(err2, ref2, case)
-    else:  # state-like [N, H, K, V] or [H]: one value per leading row
+        rec["sequences"] = _sequence_errors(np.where(nonfinite, np.inf, err2), ref2, case)  # None: NaN/Inf
+    else:  # state-like [N, H, K, V] or [H]: one value per leading row (and per head)
         rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
         rec["profile"] = [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]
+        if err2.ndim == 4:
+            rec["row_heatmap"] = _row_head_errors(np.where(nonfinite, np.inf, err2), ref2)
     if nan or inf:
         rec["verdict"] = "nan-inf"
     elif not eps <= tolerance:
@@ -159,8 +252,13 @@ def compare_tensor(case, name: str, x, ref) -> dict:
     else:
         rec["verdict"] = "pass"
     rec["rel_rms"], rec["max_abs_over_rms"] = _num(rec["rel_rms"]), _num(rec["max_abs_over_rms"])
-    rec["localisation"] = localise(case, name, rec.get("profile", []), rec.get("heatmap", []),
-                                   rec.get("sequences"), tolerance) if rec["verdict"] != "pass" else {}
+    rec["localisation"] = {}
+    if rec["verdict"] != "pass":
+        cells = _chunk_sums(nonfinite, case.chunk_size) > 0 if name in TIME_TENSORS else None
+        loc = localise(case, name, rec, tolerance, "tol", cells)
+        if "first_chunk" in loc:
+            loc["first_t"] = _first_bad_token(case, err2, ref2, nonfinite, loc, tolerance)
+        rec["localisation"] = loc
     return rec
 
 

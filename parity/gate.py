@@ -7,8 +7,8 @@ side) and every tensor:
     nan-inf    NaN or Inf where the oracle is finite fails, always
 The reference is FLA (the "GPU" side). A reference tensor outside its own tolerance is
 reported as a finding about the reference; the bound still uses it (except where the
-reference has NaN/Inf: then it bounds nothing), and the candidate must still meet its own
-tolerance.
+reference has NaN/Inf or failed to run: then it bounds nothing, the candidate must still
+meet its own tolerance, and the summary lists those pairs as "bound not enforced").
 
 The gate refuses (exit 2) to compare records whose schema, oracle version, tolerance
 version or input hash differ for a case, and cases that lack a reference or a candidate.
@@ -20,7 +20,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from . import SCHEMA_VERSION
-from .compare import bound
+from cases import Case
+
+from .compare import bound, bound_localisation, describe_localisation
 from .records import iter_results, worst_verdict, write_json
 
 
@@ -50,7 +52,7 @@ def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
 
 def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference: str = "fla") -> dict:
     """The gate's verdict for every case, candidate and tensor."""
-    cases_out, failures, findings, unsupported = [], [], [], []
+    cases_out, failures, findings, unsupported, unbounded = [], [], [], [], []
     for case_id in sorted(by_case):
         recs = by_case[case_id]
         _check_consistent(case_id, recs)
@@ -93,6 +95,10 @@ def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference
                     t["bound_note"] = ("candidate has no such tensor" if verdict == "unsupported"
                                        else f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}")
                 t["verdict"] = verdict
+                if verdict == "fail-bound":
+                    t["localisation"] = bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor)
+                elif verdict not in ("pass", "unsupported"):
+                    t["localisation"] = ct.get("localisation", {})
                 entry["tensors"][name] = t
                 if verdict == "unsupported":
                     unsupported.append({"case_id": case_id, "candidate": cname, "tensor": name, "verdict": verdict,
@@ -102,12 +108,17 @@ def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference
                     failures.append({"case_id": case_id, "candidate": cname, "tensor": name, "verdict": verdict,
                                      "eps_candidate": ct.get("rel_rms"), "eps_reference": rr.get("reference"),
                                      "ratio": rr.get("ratio"), "tol": ct.get("tol"),
-                                     "localisation": ct.get("localisation", {}), "repro": cand.get("repro")})
+                                     "localisation": t.get("localisation", {}), "repro": cand.get("repro")})
             entry["verdict"] = worst_verdict(v["verdict"] for v in entry["tensors"].values())
+            free = [n for n, v in entry["tensors"].items()
+                    if v["verdict"] != "unsupported" and (not v["bound"] or v["bound"].get("reference_nonfinite"))]
+            if free:  # judged on its own tolerance only: the reference gave nothing to bound these by
+                unbounded.append({"case_id": case_id, "candidate": cname, "tensors": free,
+                                  "reason": entry["tensors"][free[0]].get("bound_note") or f"reference {free[0]} has NaN/Inf"})
             cases_out.append(entry)
     return {"schema": SCHEMA_VERSION, "kind": "gate", "bound_factor": factor, "reference": reference,
             "ok": not failures, "cases": cases_out, "failures": failures, "reference_findings": findings,
-            "unsupported": unsupported,
+            "unsupported": unsupported, "unbounded": unbounded,
             "counts": {v: sum(1 for c in cases_out if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases_out})}}
 
 
@@ -124,13 +135,19 @@ def format_summary(result: dict) -> str:
         else:
             lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
                          f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
-                         f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}")
+                         f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}"
+                         + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else ""))
     for f in result["reference_findings"]:
         lines.append(f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"
                      + (f" eps={_fmt(f.get('rel_rms'))} tol={_fmt(f.get('tol'))}" if f.get("tensor") else ""))
     if result["unsupported"]:
         lines.append(f"  unsupported: {len(result['unsupported'])} (case, candidate, tensor) entries, e.g. "
                      + "; ".join(f"{u['case_id']} [{u['candidate']}] {u['tensor'] or ''} {u['detail'][:80]}" for u in result["unsupported"][:3]))
+    if result.get("unbounded"):
+        u = result["unbounded"]
+        lines.append(f"  bound not enforced (no reference tensor, or one with NaN/Inf; tolerance only): {len(u)} case/candidate pairs, "
+                     f"{sum(len(x['tensors']) for x in u)} tensors, e.g. {u[0]['case_id']} [{u[0]['candidate']}] "
+                     f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}")
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ import numpy as np
 from cases import Case
 
 from .backends.base import Execution, Unsupported
+from .compare import describe_localisation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,10 @@ CATALOGUE: tuple[Mutant, ...] = (
            what="the recurrent state carried between chunks in bfloat16 instead of float32 "
                 "(accuracy only: the bound against FLA must catch it)",
            witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-g_logsig-ht"),
+    Mutant("gla-decay-last-row-only", "gla", "pallas", switch="gla_decay_last_row_only",
+           what="gla: the state carried to the next chunk decays by the last row's gate only, "
+                "not by the whole chunk's cumulative gate",
+           witness="gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-h0"),
     Mutant("kda-beta-keys-only", "kda", "pallas", switch="beta_keys_only",
            what="kda: beta applied to the keys but not to the values in the WY solve",
            witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),
@@ -127,7 +132,9 @@ def score(gate: dict, mutants: list[Mutant]) -> dict:
                 checks = sorted({t["verdict"] for t in entry["tensors"].values() if t["verdict"] not in ("pass", "unsupported")}
                                 or {entry["verdict"]})
                 tensors = sorted(n for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported"))
-                caught.append({"case_id": entry["case_id"], "checks": checks, "tensors": tensors})
+                where = {n: describe_localisation(entry["tensors"][n].get("localisation")) for n in tensors}
+                caught.append({"case_id": entry["case_id"], "checks": checks, "tensors": tensors,
+                               "where": {n: w for n, w in where.items() if w}})
         rows.append({"mutant": m.name, "seed": m.seed, "what": m.what, "cases_run": ran,
                      "caught": bool(caught), "caught_by": caught})
     clean = [f for f in gate["failures"] if not f["candidate"].startswith("mutant-")]
@@ -144,6 +151,9 @@ def format_score(result: dict) -> str:
             first = r["caught_by"][0]
             by = (f"{len(r['caught_by'])} case(s) [{', '.join(checks)}], e.g. {first['case_id']} "
                   f"({', '.join(first['tensors']) or first['checks'][0]})")
+            if first.get("where"):
+                name, where = next(iter(first["where"].items()))
+                by += f"\n{'':43s}at {name}: {where}"
         else:
             by = "NOT CAUGHT" + ("" if r["cases_run"] else " (no case of its op ran)")
         lines.append(f"{r['mutant']:30s} {r['seed'] or '-':5s} {r['cases_run']:5d}  {by}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cases import OPS, Case, get_suite, load_cases_file
 
+from .compare import describe_localisation
 from .gate import GateRefusal, evaluate, format_summary
 from .records import iter_results, write_json
 from .runner import build_backends, run_case
@@ -74,7 +75,7 @@ def explain(case: Case, records: dict[str, dict], gate: dict | None) -> list[str
                      + (f"   bound limit = {_fmt(rr.get('limit'))} (factor {b.get('factor')})" if rr else ""),
                      f"  max_abs = {_fmt(t.get('max_abs'))}  nan = {t.get('nan')}  inf = {t.get('inf')}",
                      f"  worst index {w.get('index')}: value {w.get('value')} oracle {w.get('oracle')}",
-                     f"  localisation: {t.get('localisation') or {}}",
+                     f"  localisation: {describe_localisation((bound_entry or {}).get('localisation') or t.get('localisation')) or '-'}",
                      f"  {where}; fla ran on {(ref or {}).get('platform') or 'n/a'}",
                      f"  repro: {rec['repro']}"]
             problems.append("\n".join(lines))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
-from parity.compare import bound, compare_tensor, rel_rms
-from parity.gate import GateRefusal, evaluate, run_gate
+from parity.compare import bound, bound_localisation, compare_tensor, describe_localisation, rel_rms
+from parity.gate import GateRefusal, evaluate, format_summary, run_gate
 from parity.records import write_json
 from parity.tol import TOL_VERSION, calibrate, growth, tol
 from references import oracle_run
@@ -65,6 +65,44 @@ def test_drift_is_told_apart_from_a_local_fault():
     loc = compare_tensor(c, "o", local, r)
     assert drift["localisation"]["pattern"] == "drift"
     assert loc["localisation"]["pattern"] == "local" and loc["localisation"]["first_chunk"] == 3
+
+
+def test_localisation_finds_the_first_bad_token_and_head_and_nan():
+    c = Case("simple_gla", 1, 192, 3, 64, 64)
+    r = oracle_run(c.replace(direction="fwd"), make_inputs(c))["o"]
+    x = r.copy()
+    x[0, 75:, 2] *= 1 + 100 * tol(c, "o")          # head 2 goes wrong from token 75 (chunk 1)
+    loc = compare_tensor(c, "o", x, r)["localisation"]
+    assert (loc["first_chunk"], loc["first_t"], loc["head"], loc["against"]) == (1, 75, 2, "tol")
+    x = r.copy()
+    x[0, 140, 1, 7] = np.nan                        # one NaN: chunk 2, token 140, head 1
+    m = compare_tensor(c, "o", x, r)
+    assert m["verdict"] == "nan-inf"
+    assert (m["localisation"]["first_chunk"], m["localisation"]["first_t"], m["localisation"]["head"]) == (2, 140, 1)
+    assert describe_localisation(m["localisation"]).endswith("first over tol: chunk 2 (t=140), head 1")
+
+
+def test_state_localisation_names_the_sequence_and_head(oracle):
+    ht = oracle["ht"].copy()                        # [N=3, H=2, K, V]
+    ht[1, 0] *= 1.5                                  # sequence 1, head 0
+    loc = compare_tensor(CASE, "ht", ht, oracle["ht"])["localisation"]
+    assert loc == {"against": "tol", "sequence": 1, "head": 0, "pattern": "one-sequence"}
+
+
+def test_bound_failure_is_localised_against_the_reference_per_chunk_and_head():
+    """A candidate as good as FLA everywhere except chunk 1 of head 1, where it is 3x worse:
+    its own tolerance passes, the bound fails, and the gate says where."""
+    c = Case("simple_gla", 1, 256, 2, 64, 64, direction="fwd")
+    r = oracle_run(c, make_inputs(c))["o"]
+    rng = np.random.default_rng(1)
+    noise = 0.05 * tol(c, "o") * np.abs(r).mean() * rng.standard_normal(r.shape)
+    cand = r + noise
+    cand[0, 64:128, 1] += 2 * noise[0, 64:128, 1]
+    ref_rec = compare_tensor(c, "o", r + noise, r)
+    cand_rec = compare_tensor(c, "o", cand, r)
+    assert cand_rec["verdict"] == ref_rec["verdict"] == "pass" and not bound(cand_rec, ref_rec)["ok"]
+    loc = bound_localisation(c, "o", cand_rec, ref_rec, 1.0)
+    assert (loc["against"], loc["first_chunk"], loc["first_t"], loc["head"], loc["pattern"]) == ("bound", 1, 64, 1, "local")
 
 
 def test_tolerance_grows_with_dtype_T_chunk_and_K():
@@ -125,6 +163,7 @@ def test_candidate_with_twice_the_reference_error_fails_at_1_and_passes_at_2_5(t
     assert not strict["ok"] and {f["verdict"] for f in strict["failures"]} == {"fail-bound"}
     f = strict["failures"][0]
     assert f["ratio"] == pytest.approx(2.0, rel=0.05) and f["eps_candidate"] > f["eps_reference"]
+    assert f["localisation"]["against"] == "bound" and "at: " in format_summary(strict)
     assert run_gate([tmp_path], 2.5)["ok"]
 
 
@@ -172,3 +211,17 @@ def test_gate_cli_exit_codes(tmp_path, fla_like):
     assert main(["gate", str(tmp_path / "bad"), "--bound-factor", "2.5"]) == 0
     _write(tmp_path / "half", record_from_tensors(c, "pallas", "candidate", fla_like))
     assert main(["gate", str(tmp_path / "half")]) == 2
+
+
+def test_a_failed_reference_leaves_the_pair_on_its_tolerance_and_says_so(fla_like):
+    """FLA refusing a case (seen on an H100 with Triton 3.6: gated backward) bounds nothing;
+    the candidate is judged on its own tolerance and the summary names the unbounded pair."""
+    c = SMALL_BF16
+    ref = {**record_from_tensors(c, "fla", "reference", fla_like), "status": "error", "tensors": {},
+           "error": "RuntimeError: FLA refused"}
+    good = record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 0.5))
+    result = evaluate({c.id: {"fla": ref, "pallas": good}})
+    assert result["ok"] and result["unbounded"][0]["tensors"] == list(good["tensors"])
+    assert "bound not enforced" in format_summary(result) and "REFERENCE" in format_summary(result)
+    bad = record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 1e4))
+    assert not evaluate({c.id: {"fla": ref, "pallas": bad}})["ok"]  # its own tolerance still holds it

@@ -45,6 +45,22 @@ def _bf16_ops_kernel(a_ptr, b_ptr, dot_ptr, sum_ptr, max_ptr, cumsum_ptr, exp_pt
     tl.store(cast_ptr + r, (r - N // 2).to(tl.bfloat16))
 
 
+@triton.jit
+def _f32_to_bf16_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(y_ptr + r, tl.load(x_ptr + r).to(tl.bfloat16))
+
+
+def test_float32_to_bfloat16_rounds_to_nearest_even_like_the_gpu():
+    """The interpreter's own cast truncates; the GPU's cvt.rn.bf16.f32 rounds to nearest even.
+    Measured on an H100: with truncation FLA's bf16 rel_rms came out 2.5x the GPU's."""
+    N = 64
+    x = np.random.default_rng(2).standard_normal(N).astype(np.float32)
+    y = torch.empty(N, dtype=torch.bfloat16)
+    _f32_to_bf16_kernel[(1,)](torch.from_numpy(x), y, N=N)
+    np.testing.assert_array_equal(_np(y), x.astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
 def _t(x):
     return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
 
@@ -83,11 +99,9 @@ def _fp32_dot_kernel(a_ptr, b_ptr, tf32_ptr, ieee_ptr, N: tl.constexpr):
     tl.store(ieee_ptr + r[:, None] * N + r[None, :], tl.dot(a, b, input_precision="ieee"))
 
 
-def _round_tf32(x):
-    """float32 -> nearest value with a 10-bit mantissa (ties to even), by integer arithmetic."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & ~np.uint64(0x1FFF)
-    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+def _truncate_tf32(x):
+    """float32 -> its top 19 bits (sign, exponent, 10 mantissa bits): what the tensor cores read."""
+    return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
 
 
 def test_float32_dot_uses_tf32_like_the_gpu_unless_ieee_is_asked():
@@ -98,7 +112,7 @@ def test_float32_dot_uses_tf32_like_the_gpu_unless_ieee_is_asked():
     _fp32_dot_kernel[(1,)](torch.from_numpy(a), torch.from_numpy(b), tf32, ieee, N=N)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(ieee.numpy(), exact, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(tf32.numpy(), _round_tf32(a) @ _round_tf32(b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tf32.numpy(), _truncate_tf32(a) @ _truncate_tf32(b), rtol=1e-5, atol=1e-5)
     assert np.abs(tf32.numpy() - exact).max() > 1e-4   # TF32's error, far above float32's
 
 

@@ -131,6 +131,8 @@ def test_rows_verdicts_and_failures_first(run_dir):
     o = next(b for b in det["backends"] if b["name"] == "pallas")["tensors"]["o"]
     assert o["localisation"]["first_chunk"] == 2 and o["localisation"]["head"] == 1
     assert len(o["heatmap"]) == 4 and len(o["heatmap"][0]) == 2
+    # and in the table's "where" column of the failing candidate
+    assert "first over tol: chunk 2 (t=128), head 1" in bad["b"]["pallas"]["l"]
 
 
 def test_page_files_escape_hostile_strings(page):
@@ -233,9 +235,9 @@ def test_filtering_and_paging_change_rows(tab):
     tab.select_option("#f-op", "")
     n_columns = tab.locator("#sort-row th").count()
     tab.uncheck("#f-backends input[data-backend='nan']")  # hide a backend's columns
-    assert tab.locator("#sort-row th").count() == n_columns - 5
+    assert tab.locator("#sort-row th").count() == n_columns - 6
     assert "nan" not in tab.locator("#case-table tr.groups").all_text_contents()[0]
-    assert tab.locator("#case-table tbody tr").first.locator("td").count() == n_columns - 5
+    assert tab.locator("#case-table tbody tr").first.locator("td").count() == n_columns - 6
     first_page = visible_ids(tab)
     tab.click("#next")
     second = visible_ids(tab)

@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
 from . import intra
@@ -69,6 +70,8 @@ def _fwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, v_ref, g_ref, h0_ref
     o = intra.dot(q * jnp.exp(gc), S, intra.LANE_PIECE) + intra_ref[...]
     o_ref[...] = (scale * o).astype(o_ref.dtype)
     _, g_last_col = sums.total(tot)
+    if active("gla_decay_last_row_only"):  # mutation suite: the state decays by the last row's gate only
+        g_last_col = intra.dot_tn(g[C - 1:C, :], jnp.ones((1, 1), jnp.float32))
     S = jnp.exp(g_last_col) * S + intra.dot_tn(k * jnp.exp(sums.suffix(loc, tot)), v, intra.SUB)
     state_ref[...] = S
     ht_ref[...] = S

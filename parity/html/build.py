@@ -17,6 +17,7 @@ import jinja2
 from markupsafe import Markup
 
 from .. import SCHEMA_VERSION
+from ..compare import describe_localisation
 from ..gate import GateRefusal, evaluate
 from ..records import VERDICT_ORDER, iter_results, read_json, worst_verdict
 
@@ -124,6 +125,16 @@ def backend_order(by_case: dict) -> list[str]:
     return sorted(sides, key=lambda b: (rank.get(sides[b], 3), b))
 
 
+def _where(gate_entry: dict | None, worst: str | None) -> str | None:
+    """Localisation of a failing candidate: of its worst tensor if that fails, else of the first failing one."""
+    tensors = (gate_entry or {}).get("tensors", {})
+    failing = [n for n, t in tensors.items() if t.get("localisation")]
+    if not failing:
+        return None
+    name = worst if worst in failing else failing[0]
+    return f"{name}: {describe_localisation(tensors[name]['localisation'])}"
+
+
 def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str]) -> dict:
     """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use."""
     any_rec = next(iter(recs.values()))
@@ -140,7 +151,8 @@ def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: li
         cell = {"v": verdict, "t": name, "e": t.get("rel_rms"), "m": t.get("max_abs"),
                 "r": None if nonfinite else _bound_use(entry),  # finite-only epsilons bound nothing
                 "nan": bool(t.get("nan") or t.get("inf")),
-                "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None}
+                "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None,
+                "l": _where(entry, name)}
         cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
     judged = [c["v"] for c in cells.values()]
     row = {"n": index, "id": case_id, "op": case.get("op"), "dtype": case.get("dtype"), "C": case.get("chunk_size"),

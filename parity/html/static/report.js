@@ -70,6 +70,9 @@
         title: "max over tensors of eps_candidate / (factor x eps_reference + floor), rel_rms and max_abs; above 1 fails the bound",
         get: r => r.b[b] ? r.b[b].r : undefined,
         text: r => r.b[b] && fmt(r.b[b].r), warn: r => r.b[b] && r.b[b].r > 1 });
+      columns.push({ key: b + ".l", label: "where", group: b,
+        title: "localisation of the failure: pattern, first chunk (token) and head over the tolerance or bound",
+        get: r => r.b[b] ? r.b[b].l : undefined, text: r => r.b[b] && r.b[b].l });
     }
   }
 
@@ -298,8 +301,8 @@
   function localisationText(loc) {
     if (!loc || !Object.keys(loc).length) return "–";
     const parts = [loc.pattern || ""];
-    if (loc.first_chunk !== undefined) parts.push(`first over tol: chunk ${loc.first_chunk} (t=${loc.first_t}), head ${loc.head}`);
-    if (loc.sequence !== undefined) parts.push(`sequence ${loc.sequence}`);
+    if (loc.first_chunk !== undefined) parts.push(`first over ${loc.against || "tol"}: chunk ${loc.first_chunk} (t=${loc.first_t}), head ${loc.head}`);
+    if (loc.sequence !== undefined) parts.push(`sequence ${loc.sequence}` + (loc.first_chunk === undefined && loc.head !== undefined ? `, head ${loc.head}` : ""));
     return parts.filter(Boolean).join("; ");
   }
   function boundText(g) {
@@ -327,7 +330,7 @@
       if (t.verdict === "unsupported") return [b.name, chip(v), t.reason || "", "", "", "", "", "", "", "", ""];
       const nonfinite = t.nan || t.inf ? " (finite only)" : "";
       return [b.name, chip(v), fmt(t.rel_rms) + nonfinite, fmt(t.tol), fmt(t.floor_rel), fmt(t.max_abs), fmt(t.max_abs_over_rms),
-              fmt(t.max_ulp), `${t.nan || 0} / ${t.inf || 0}`, b.side === "candidate" ? boundText(g) : "reference", localisationText(t.localisation)];
+              fmt(t.max_ulp), `${t.nan || 0} / ${t.inf || 0}`, b.side === "candidate" ? boundText(g) : "reference", localisationText((g && g.localisation) || t.localisation)];
     });
     gridTable(sec, ["backend", "verdict", "rel_rms", "tol", "dtype floor", "max_abs", "max_abs/rms", "max ulp", "NaN / Inf", "bound", "localisation"], metricsRows, "metrics");
     const withData = compared.filter(b => b.tensors[name].profile);
