@@ -61,7 +61,7 @@ def ci() -> list[Case]:
                                                   gate=gates_for(op))]
     shapes = [dict(B=2, T=128, H=2, K=64, V=64), dict(B=1, T=100, H=2, K=64, V=64),
               dict(B=1, T=130, H=1, K=64, V=64, seqlens=(45, 1, 84)),
-              dict(B=1, T=64, H=1, K=128, V=256), dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130))]
+              dict(B=1, T=64, H=1, K=256, V=256), dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130))]
     return covering(primary, {"state": STATES, "shape": shapes})
 
 

@@ -103,8 +103,8 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     nonfinite_cells: bool [n_chunks][H], cells holding NaN/Inf.
     Time tensors [B, T, H, ...] give first_chunk, first_t (the chunk's start; the comparator
     refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
-    along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' (one sequence of
-    a varlen batch), 'uniform' or 'non-finite'. State tensors [N, H, K, V] give the first
+    along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
+    (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'. State tensors [N, H, K, V] give the first
     sequence and head over the limit and 'one-sequence' or 'all-sequences'."""
     if name not in TIME_TENSORS:
         grid = rec.get("row_heatmap")
@@ -147,7 +147,13 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
             loc["pattern"] = "one-sequence"
             loc["sequence"] = int(seq_bad[0])
             return loc
-    if n >= 3 and over.sum() == 1 and over[0]:
+        if 0 < len(seq_bad) < len(sequences):  # e.g. state leaking from one packed sequence into the next
+            loc["pattern"] = "some-sequences"
+            loc["sequences"] = [int(i) for i in seq_bad]
+            return loc
+    if n == 1:
+        loc["pattern"] = "single-chunk"
+    elif n >= 3 and over.sum() == 1 and over[0]:
         loc["pattern"] = "first-chunk"
     elif n >= 4 and np.all(np.diff(np.nan_to_num(prof, nan=0.0)) >= -1e-12 * finite.max()) and prof[-1] > 2 * prof[0]:
         loc["pattern"] = "drift"
@@ -194,6 +200,8 @@ def describe_localisation(loc: dict | None) -> str:
     parts = [loc.get("pattern", "")]
     if "first_chunk" in loc:
         parts.append(f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), head {loc['head']}")
+    if "sequences" in loc:
+        parts.append("sequences " + ", ".join(map(str, loc["sequences"])))
     if "sequence" in loc:
         parts.append(f"sequence {loc['sequence']}" + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else ""))
     return "; ".join(p for p in parts if p)

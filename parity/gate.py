@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from . import SCHEMA_VERSION
 from cases import Case
 
+from . import SCHEMA_VERSION
 from .compare import bound, bound_localisation, describe_localisation
 from .records import iter_results, worst_verdict, write_json
 

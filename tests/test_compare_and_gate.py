@@ -54,6 +54,14 @@ def test_localisation_points_at_the_bad_sequence_and_chunk(oracle):
     assert m["localisation"]["head"] == 1
 
 
+def test_localisation_names_the_sequences_a_state_leak_reaches(oracle):
+    x = oracle["o"].copy()
+    x[0, 30:, 0] += 0.2 * np.abs(oracle["o"]).mean()   # sequences 1 and 2 (30:31, 31:128), not 0
+    loc = compare_tensor(CASE, "o", x, oracle["o"])["localisation"]
+    assert loc["pattern"] == "some-sequences" and loc["sequences"] == [1, 2] and loc["first_t"] == 30
+    assert "sequences 1, 2" in describe_localisation(loc)
+
+
 def test_drift_is_told_apart_from_a_local_fault():
     c = Case("simple_gla", 1, 512, 1, 64, 64)
     r = oracle_run(c.replace(direction="fwd"), make_inputs(c))["o"]
@@ -147,12 +155,12 @@ def _write(dirpath, rec):
 
 @pytest.fixture(scope="module")
 def fla_like():
-    """A reference result with realistic bf16 error: the oracle after a bf16 round trip of
-    every intermediate (what the rounded outputs of a bf16 kernel look like) plus noise."""
+    """A reference result with realistic bf16 error: the oracle with 1.5e-3 relative noise
+    (FLA compiled on an H100 measured about 1e-3 to 4e-3 rel_rms on bf16 outputs and gradients)."""
     c = SMALL_BF16
     r = oracle_run(c, make_inputs(c))
     rng = np.random.default_rng(0)
-    return {n: (a * (1 + 4e-3 * rng.standard_normal(a.shape))).astype(np.float32) for n, a in r.items()}
+    return {n: (a * (1 + 1.5e-3 * rng.standard_normal(a.shape))).astype(np.float32) for n, a in r.items()}
 
 
 def test_candidate_with_twice_the_reference_error_fails_at_1_and_passes_at_2_5(tmp_path, fla_like):
