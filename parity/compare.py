@@ -12,7 +12,7 @@
     floor_rel, floor_abs  rounding noise of the output dtype at the oracle's magnitude:
                      the rel_rms / max_abs of the oracle itself rounded to that dtype
     tol, verdict     against parity.tol (pass, fail-accuracy, nan-inf)
-    row_heatmap      state tensors: rel error per (sequence row, head), [N][H]
+    row_heatmap      state tensors: rel error per (sequence row, head), [N][H]; [1][H] for [H]
     localisation     where the error first exceeds tolerance and what its shape looks like
                      (first chunk, token and head, or sequence and head; see localise)
 `bound(cand, ref, factor)` applies eps_c <= factor * eps_r + floor on rel_rms and max_abs;
@@ -105,7 +105,8 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
     along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
     (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'. State tensors [N, H, K, V] give the first
-    sequence and head over the limit and 'one-sequence' or 'all-sequences'."""
+    sequence and head over the limit and 'one-sequence' or 'all-sequences'; [H] tensors
+    (dg_gamma) the first head and 'one-head' or 'heads'."""
     if name not in TIME_TENSORS:
         grid = rec.get("row_heatmap")
         if not grid:
@@ -115,6 +116,8 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
         if not bad.any():
             return {"against": against, "pattern": "uniform"}
         n, h = map(int, np.argwhere(bad)[0])
+        if len(rec.get("shape", [])) == 1:  # [H]: per head only
+            return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads"}
         rows_bad = int(bad.any(1).sum())
         return {"against": against, "sequence": n, "head": h,
                 "pattern": "one-sequence" if rows_bad == 1 and len(grid) > 1 else "all-sequences" if len(grid) > 1 else "state"}
@@ -200,6 +203,8 @@ def describe_localisation(loc: dict | None) -> str:
     parts = [loc.get("pattern", "")]
     if "first_chunk" in loc:
         parts.append(f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), head {loc['head']}")
+    if "head" in loc and "first_chunk" not in loc and "sequence" not in loc:
+        parts.append(f"head {loc['head']}")
     if "sequences" in loc:
         parts.append("sequences " + ", ".join(map(str, loc["sequences"])))
     if "sequence" in loc:
@@ -251,8 +256,9 @@ def compare_tensor(case, name: str, x, ref) -> dict:
     else:  # state-like [N, H, K, V] or [H]: one value per leading row (and per head)
         rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
         rec["profile"] = [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]
-        if err2.ndim == 4:
-            rec["row_heatmap"] = _row_head_errors(np.where(nonfinite, np.inf, err2), ref2)
+        if err2.ndim in (1, 4):  # [N, H, K, V] states, or [H] (dg_gamma): one row of heads
+            e = np.where(nonfinite, np.inf, err2)
+            rec["row_heatmap"] = _row_head_errors(e, ref2) if err2.ndim == 4 else _row_head_errors(e[None], ref2[None])
     if nan or inf:
         rec["verdict"] = "nan-inf"
     elif not eps <= tolerance:

@@ -97,6 +97,17 @@ def test_state_localisation_names_the_sequence_and_head(oracle):
     assert loc == {"against": "tol", "sequence": 1, "head": 0, "pattern": "one-sequence"}
 
 
+def test_gate_gradient_localisation_names_the_head():
+    c = Case("simple_gla", 1, 64, 3, 64, 64, gate="gamma_alibi")
+    r = oracle_run(c, make_inputs(c))["dg_gamma"]           # [H]
+    x = r.copy()
+    x[2] = 0.0                                               # a zero gradient in head 2 (seed 002's class)
+    m = compare_tensor(c, "dg_gamma", x, r)
+    assert m["verdict"] == "fail-accuracy"
+    assert m["localisation"] == {"against": "tol", "head": 2, "pattern": "one-head"}
+    assert describe_localisation(m["localisation"]) == "one-head; head 2"
+
+
 def test_bound_failure_is_localised_against_the_reference_per_chunk_and_head():
     """A candidate as good as FLA everywhere except chunk 1 of head 1, where it is 3x worse:
     its own tolerance passes, the bound fails, and the gate says where."""

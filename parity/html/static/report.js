@@ -302,6 +302,7 @@
     if (!loc || !Object.keys(loc).length) return "–";
     const parts = [loc.pattern || ""];
     if (loc.first_chunk !== undefined) parts.push(`first over ${loc.against || "tol"}: chunk ${loc.first_chunk} (t=${loc.first_t}), head ${loc.head}`);
+    if (loc.head !== undefined && loc.first_chunk === undefined && loc.sequence === undefined) parts.push(`head ${loc.head}`);
     if (loc.sequences !== undefined) parts.push(`sequences ${loc.sequences.join(", ")}`);
     if (loc.sequence !== undefined) parts.push(`sequence ${loc.sequence}` + (loc.first_chunk === undefined && loc.head !== undefined ? `, head ${loc.head}` : ""));
     return parts.filter(Boolean).join("; ");
