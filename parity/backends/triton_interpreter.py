@@ -36,13 +36,14 @@ TF32_ROUNDING = os.environ.get("PARITY_TF32_ROUNDING", "truncate")
 
 def to_tf32(x: np.ndarray) -> np.ndarray:
     """float32 -> the TF32 value (10 mantissa bits) kept in float32; Inf and NaN unchanged."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    x = np.asarray(x, dtype=np.float32)
+    bits = x.view(np.uint32)
     if TF32_ROUNDING == "nearest":
         bits = bits + ((bits >> np.uint32(13)) & np.uint32(1)) + np.uint32(0x00000FFF)
     elif TF32_ROUNDING != "truncate":
         raise ValueError(f"PARITY_TF32_ROUNDING={TF32_ROUNDING!r}: expected 'truncate' or 'nearest'")
-    special = (np.asarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
-    return np.where(special, np.asarray(x, dtype=np.float32), (bits & np.uint32(0xFFFFE000)).view(np.float32))
+    special = (x.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, x, (bits & np.uint32(0xFFFFE000)).view(np.float32))
 
 
 def request() -> None:
