@@ -60,18 +60,19 @@ def _chunk_sums(a: np.ndarray, C: int) -> np.ndarray:
 def _chunk_errors(err2: np.ndarray, ref2: np.ndarray, C: int) -> tuple[list, list]:
     """err2, ref2: squared error / oracle [B, T, H, ...] -> (profile [n_chunks], heatmap [n_chunks][H])."""
     e, r = _chunk_sums(err2, C), _chunk_sums(ref2, C)  # [n, H]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        heat = np.sqrt(e / np.where(r > 0, r, np.nan))
-        prof = np.sqrt(e.sum(1) / np.where(r.sum(1) > 0, r.sum(1), np.nan))
-    return _clean(prof), [_clean(row) for row in heat]
+    return _clean(_rel(e.sum(1), r.sum(1))), [_clean(row) for row in _rel(e, r)]
 
 
 def _row_head_errors(err2: np.ndarray, ref2: np.ndarray) -> list:
     """State-like [N, H, ...] tensors: rel error per (sequence row, head), [N][H]."""
     N, H = err2.shape[:2]
-    e, r = err2.reshape(N, H, -1).sum(-1), ref2.reshape(N, H, -1).sum(-1)
+    return [_clean(row) for row in _rel(err2.reshape(N, H, -1).sum(-1), ref2.reshape(N, H, -1).sum(-1))]
+
+
+def _rel(e: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """sqrt(squared error / squared oracle), NaN where the oracle is zero."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return [_clean(row) for row in np.sqrt(e / np.where(r > 0, r, np.nan))]
+        return np.sqrt(e / np.where(r > 0, r, np.nan))
 
 
 def _clean(a) -> list:
@@ -89,8 +90,13 @@ def _sequence_errors(err2, ref2, case) -> list | None:
     return out
 
 
+def _vec(values: list, none: float = np.nan) -> np.ndarray:
+    """A JSON list (None for NaN/Inf) back to float64, None -> `none`."""
+    return np.array([none if v is None else v for v in values], dtype=np.float64)
+
+
 def _grid(rows: list) -> np.ndarray:
-    return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=np.float64).reshape(len(rows), -1)
+    return np.array([_vec(row) for row in rows]).reshape(len(rows), -1)
 
 
 def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
@@ -104,8 +110,9 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     Time tensors [B, T, H, ...] give first_chunk, first_t (the chunk's start; the comparator
     refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
     along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
-    (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'. State tensors [N, H, K, V] give the first
-    sequence and head over the limit and 'one-sequence' or 'all-sequences'; [H] tensors
+    (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'.
+    State tensors [N, H, K, V] give the first sequence and head over the limit and
+    'one-sequence' or 'all-sequences'; [H] tensors
     (dg_gamma) the first head and 'one-head' or 'heads'."""
     if name not in TIME_TENSORS:
         grid = rec.get("row_heatmap")
@@ -124,7 +131,7 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
     if not profile:
         return {}
-    prof = np.array([np.nan if v is None else v for v in profile], dtype=np.float64)
+    prof = _vec(profile)
     heat = _grid(heatmap)
     limit_heat = np.broadcast_to(np.asarray(limit, np.float64), heat.shape)
     bad = np.nan_to_num(heat, nan=np.inf) > limit_heat
@@ -144,7 +151,7 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     n = len(prof)
     sequences = rec.get("sequences")
     if sequences and len(sequences) > 1 and over.any():
-        seq = np.array([np.inf if v is None else v for v in sequences], dtype=np.float64)
+        seq = _vec(sequences, np.inf)
         seq_bad = np.flatnonzero(seq > np.asarray(limit if seq_limit is None else seq_limit, np.float64))
         if len(seq_bad) == 1:
             loc["pattern"] = "one-sequence"
@@ -180,7 +187,7 @@ def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) ->
     limit = factor * np.nan_to_num(_grid(ref[key]), nan=np.inf) + floor
     seq_limit = None
     if cand.get("sequences") and ref.get("sequences"):
-        seq_limit = factor * np.array([np.inf if v is None else v for v in ref["sequences"]]) + floor
+        seq_limit = factor * _vec(ref["sequences"], np.inf) + floor
     return localise(case, name, cand, limit, "bound", seq_limit=seq_limit)
 
 

@@ -1,6 +1,6 @@
 """Where the Pallas kernels run: compiled by Mosaic on a TPU, TPU interpret mode elsewhere.
 
-No kernel hard-codes `interpret=True`: every `pl.pallas_call` passes
+No kernel hard-codes interpret mode on: every `pl.pallas_call` passes
 `interpret=interpret_mode()`, which is False on a TPU and TPU interpret mode
 (`pltpu.InterpretParams`) on any other platform, so the same kernel code is
 checked on CPU and compiled on TPU.
