@@ -61,10 +61,30 @@ def logsigmoid(x: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -x)
 
 
-def _gate(case: Case) -> tuple[str, np.ndarray]:
+def input_shapes(case: Case) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor input make_inputs returns (cu_seqlens aside), without drawing it."""
+    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
+    gate = (H,) if case.uses_g_gamma else (B, T, H) if case.op == "simple_gla" else (B, T, H, K)
+    shapes = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, H, V), case.gate_name: gate}
+    if case.op == "kda":
+        shapes["beta"] = (B, T, H)
+    if case.h0:
+        shapes["initial_state"] = (N, H, K, V)
+    if case.backward:
+        shapes["do"] = (B, T, H, V)
+        if case.ht:
+            shapes["dht"] = (N, H, K, V)
+    return shapes
+
+
+def storage_dtype(case: Case, name: str) -> np.dtype:
+    """The dtype input `name` is stored and passed in."""
+    return np.dtype(np.float32) if name in FP32_INPUTS else STORAGE_DTYPES[case.dtype]
+
+
+def _gate(case: Case, shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
     p = case.gate_kwargs
     rng = rng_for(case.seed, case.gate_name)
-    shape = (case.B, case.T, case.H) if case.op == "simple_gla" else (case.B, case.T, case.H, case.K)
     if case.gate == "g_logsig":
         return "g", logsigmoid(rng.standard_normal(shape)) / p["norm"]
     if case.gate == "g_stress":
@@ -78,22 +98,19 @@ def _gate(case: Case) -> tuple[str, np.ndarray]:
 
 def make_inputs_f64(case: Case) -> dict[str, np.ndarray]:
     """All inputs in float64, before rounding to their storage dtype."""
-    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
-    normal = lambda name, shape: rng_for(case.seed, name).standard_normal(shape)
-    x = {"q": normal("q", (B, T, H, K)), "k": normal("k", (B, T, H, K)), "v": normal("v", (B, T, H, V))}
+    shapes = input_shapes(case)
+    normal = lambda name: rng_for(case.seed, name).standard_normal(shapes[name])
+    x = {"q": normal("q"), "k": normal("k"), "v": normal("v")}
     if case.op == "kda":
         for n in ("q", "k"):
             x[n] = x[n] / np.linalg.norm(x[n], axis=-1, keepdims=True)
-    name, gate = _gate(case)
+    name, gate = _gate(case, shapes[case.gate_name])
     x[name] = gate
     if case.op == "kda":
-        x["beta"] = 1.0 / (1.0 + np.exp(-normal("beta", (B, T, H))))
-    if case.h0:
-        x["initial_state"] = normal("initial_state", (N, H, K, V))
-    if case.backward:
-        x["do"] = normal("do", (B, T, H, V))
-        if case.ht:
-            x["dht"] = normal("dht", (N, H, K, V))
+        x["beta"] = 1.0 / (1.0 + np.exp(-normal("beta")))
+    for name in ("initial_state", "do", "dht"):
+        if name in shapes:
+            x[name] = normal(name)
     return x
 
 
@@ -101,8 +118,7 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
     """The case's inputs in their storage dtypes (see module docstring)."""
     out = {}
     for name, val in make_inputs_f64(case).items():
-        dt = np.dtype(np.float32) if name in FP32_INPUTS else STORAGE_DTYPES[case.dtype]
-        out[name] = np.ascontiguousarray(val.astype(dt))
+        out[name] = np.ascontiguousarray(val.astype(storage_dtype(case, name)))
     if case.seqlens is not None:
         out["cu_seqlens"] = np.asarray(case.cu_seqlens, dtype=np.int64)
     return out

@@ -4,7 +4,9 @@
     parity run       --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends oracle,fla,pallas]
                      [--candidate NAME=FRAMEWORK:MODULE:FUNCTION ...] [--out DIR] [-j N] [--shard I/N]
                      [--timeout S] [--bound-factor F] [--no-html]
-    parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE]
+    parity compile   --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends pallas,pallas-fused]
+                     [--candidate SPEC ...] [--tpu-targets v5e,v6e,tpu7x] [--out DIR] [-j N]
+    parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE] [--allow-mixed-numerics]
     parity calibrate DIR [DIR ...] [--write]
     parity mutants   [--suite ci] [--only NAME] [--out DIR] [-j N] [--list]
     parity report    DIR [DIR ...] -o FILE.html
@@ -24,6 +26,7 @@ from pathlib import Path
 from cases import OPS, Case, CaseError, get_suite, load_cases_file
 
 DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
+TPU_TARGETS = ("v4", "v5e", "v5p", "v6e", "tpu7x")  # parity.tpu_compile.TARGETS (kept import-free)
 
 
 class UsageError(Exception):
@@ -112,10 +115,12 @@ def cmd_run(a) -> int:
         cases = shard(cases, *sh)
     if not cases:
         raise UsageError("no cases selected")
+    targets = _targets(a)
     out = Path(a.out or f"reports/{a.suite or 'run'}")
-    print(f"parity run: {len(cases)} cases x {len(specs)} backends -> {out}", file=sys.stderr)
+    print(f"parity run: {len(cases)} cases x {len(specs)} backends -> {out}"
+          + (f"; jax candidates compiled for TPU {','.join(targets)}" if targets else ""), file=sys.stderr)
     summary = run_cases(cases, RunConfig(out_dir=out, backends=specs, jobs=a.jobs, timeout_s=a.timeout,
-                                         progress=not a.no_progress))
+                                         progress=not a.no_progress, tpu_targets=targets, numerics=a.tpu_numerics))
     _print_table(summary)
     sides = {r["side"] for r in summary["results"] if r["status"] == "ok"}
     if {"reference", "candidate"} <= sides:
@@ -129,6 +134,51 @@ def cmd_run(a) -> int:
         if page:
             print(f"report: {page.resolve()}")
     return 0
+
+
+def _targets(a) -> tuple[str, ...]:
+    from .tpu_compile import parse_targets
+    try:
+        return parse_targets(a.tpu_targets)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_compile(a) -> int:
+    from .backends import SpecError, check_specs
+    from .tpu_compile import compile_suite, format_compile_table
+    cases = _select_cases(a)
+    specs = [s for s in a.backends.split(",") if s] + list(a.candidate or [])
+    try:
+        check_specs(specs)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    bad = [s for s in specs if s in ("oracle", "fla")]
+    if bad:
+        raise UsageError(f"--backends {bad[0]!r}: parity compile compiles jax candidates for TPU "
+                         "(pallas, pallas-fused, mutant:NAME, --candidate NAME=jax|pallas:...)")
+    if a.tpu_targets is None:
+        a.tpu_targets = "v5e,v6e,tpu7x"
+    targets = _targets(a)
+    if not targets or not cases:
+        raise UsageError("nothing to compile: give --tpu-targets and at least one case")
+    out = Path(a.out or f"reports/compile-{a.suite or 'run'}")
+    print(f"parity compile: {len(cases)} cases x {len(specs)} candidates x {len(targets)} TPU targets -> {out} "
+          "(compiled on this host for TPU; nothing executes)", file=sys.stderr)
+    records = compile_suite(cases, specs, targets, out, jobs=a.jobs)
+    print(format_compile_table(records, verbose=a.verbose))
+    from .gate import compile_summary, format_compile_summary
+    from .records import write_json
+    by_case: dict = {}
+    for r in records:
+        by_case.setdefault(r["case_id"], {})[r["backend"]] = r
+    summary = compile_summary(by_case)
+    if summary:
+        print(format_compile_summary(summary))
+        write_json(out / "compile.json", {"kind": "compile-summary", **summary})
+    failed = [r for r in records if r["verdict"] != "pass"]
+    print("compile: PASS" if not failed else f"compile: FAIL ({len(failed)} case/candidate pairs)")
+    return 1 if failed else 0
 
 
 def cmd_mutants(a) -> int:
@@ -147,7 +197,7 @@ def cmd_mutants(a) -> int:
     out = Path(a.out)
     print(f"parity mutants: {len(cases)} cases -> {out}", file=sys.stderr)
     result = run_mutants(cases, out, jobs=a.jobs, timeout_s=a.timeout, factor=a.bound_factor, names=a.only,
-                         progress=not a.no_progress)
+                         progress=not a.no_progress, tpu_targets=_targets(a))
     print(format_score(result))
     if not a.no_html:
         page = _write_report([out], out / "index.html")
@@ -167,7 +217,8 @@ def _write_report(dirs: list[Path], out: Path) -> Path | None:
 def cmd_gate(a) -> int:
     from .gate import GateRefusal, format_summary, run_gate
     try:
-        result = run_gate([Path(d) for d in a.dirs], a.bound_factor, Path(a.out) if a.out else None)
+        result = run_gate([Path(d) for d in a.dirs], a.bound_factor, Path(a.out) if a.out else None,
+                          allow_mixed_numerics=a.allow_mixed_numerics)
     except GateRefusal as e:
         print(f"parity gate: refused: {e}", file=sys.stderr)
         return 2
@@ -220,6 +271,12 @@ def cmd_repro(a) -> int:
     return 0
 
 
+def tpu_options(sp) -> None:
+    sp.add_argument("--tpu-targets", default=None,
+                    help=f"compile jax candidates for these TPU targets ({', '.join(TPU_TARGETS)}) or 'none'; "
+                         "default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parity", allow_abbrev=False, description="Parity harness for linear-attention kernels: "
                                 "FLA Triton (GPU) vs JAX Pallas (TPU) vs a float64 oracle.")
@@ -250,7 +307,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--bound-factor", type=float, default=1.0, help="eps_candidate <= F * eps_reference + floor")
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
+    tpu_options(sp)
+    sp.add_argument("--tpu-numerics", default="", choices=["", "tpu-mxu-v1", "float32"],
+                    help="how jax candidates' dots compute off a TPU: tpu-mxu-v1 (default: as the TPU's MXU) "
+                         "or float32 (interpret mode's own, for comparison)")
     sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("compile", help="compile jax candidates for TPU targets with the real TPU compiler (no execution)")
+    selection(sp, single=True)
+    sp.add_argument("--backends", default="pallas,pallas-fused", help="comma-separated jax candidates (default pallas,pallas-fused)")
+    sp.add_argument("--candidate", action="append", help="NAME=jax|pallas:MODULE:FUNCTION (repeatable)")
+    sp.add_argument("--tpu-targets", default=None, help=f"comma-separated, from {list(TPU_TARGETS)} (default v5e,v6e,tpu7x)")
+    sp.add_argument("--out", help="output directory (default reports/compile-<suite>)")
+    sp.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
+    sp.add_argument("-v", "--verbose", action="store_true", help="print each kernel's MXU matmul passes per target")
+    sp.set_defaults(fn=cmd_compile)
 
     sp = sub.add_parser("mutants", help="run the catalogue of mutant kernels and score what the harness catches")
     selection(sp, single=True)
@@ -262,12 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--bound-factor", type=float, default=1.0)
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
+    tpu_options(sp)
     sp.set_defaults(fn=cmd_mutants)
 
     sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
     sp.add_argument("dirs", nargs="+")
     sp.add_argument("--bound-factor", type=float, default=1.0)
     sp.add_argument("--out", help="where to write gate.json (default DIR/gate.json)")
+    sp.add_argument("--allow-mixed-numerics", action="store_true",
+                    help="merge a candidate's records computed under different numerics models")
     sp.set_defaults(fn=cmd_gate)
 
     sp = sub.add_parser("calibrate", help="fit tolerance coefficients from reference-side epsilons")

@@ -11,7 +11,14 @@ reference has NaN/Inf or failed to run: then it bounds nothing, the candidate mu
 meet its own tolerance, and the summary lists those pairs as "bound not enforced").
 
 The gate refuses (exit 2) to compare records whose schema, oracle version, tolerance
-version or input hash differ for a case, and cases that lack a reference or a candidate.
+version or input hash differ for a case, cases that lack a reference or a candidate, and a
+candidate whose records were computed under different numerics models (parity.tpu_numerics)
+unless allow_mixed_numerics.
+
+TPU compile records (parity.tpu_compile; `parity run --tpu-targets`, `parity compile`): a
+candidate that does not compile for a requested target fails with verdict compile-error
+(target and Mosaic's message); one whose compiled matmuls disagree with the numerics model
+fails with numerics-mismatch. The summary gives the compile matrix.
 Exit 0 when every check passes, 1 on any failure.
 """
 from __future__ import annotations
@@ -42,6 +49,69 @@ def load(dirs: list[Path]) -> dict[str, dict[str, dict]]:
     return by_case
 
 
+def load_compiles(dirs: list[Path]) -> dict[str, dict[str, dict]]:
+    """case_id -> backend -> compile record (the latest of each)."""
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    for path, rec in iter_results(dirs, kind="compile"):
+        if rec.get("schema") != SCHEMA_VERSION:
+            raise GateRefusal(f"{path}: schema {rec.get('schema')!r}, this gate reads schema {SCHEMA_VERSION}")
+        prev = by_case[rec["case_id"]].get(rec["backend"])
+        if prev is None or rec.get("created", "") >= prev.get("created", ""):
+            by_case[rec["case_id"]][rec["backend"]] = rec
+    return by_case
+
+
+def compile_problems(rec: dict) -> list[str]:
+    """One line per target that failed, or whose matmuls disagree with the numerics model."""
+    out = []
+    for target, r in rec["targets"].items():
+        if not r["ok"]:
+            out.append(f"{target} ({r.get('device_kind', '?')}): {r.get('error_line') or r.get('error', '')[:300]}"
+                       + (f" [at {r['error_op'][:160]}]" if r.get("error_op") else ""))
+        elif r.get("numerics", {}).get("error"):
+            out.append(f"{target}: matmuls not checked against the numerics model: {r['numerics']['error'][:300]}")
+        else:
+            out += [f"{target}: numerics model disagrees with the compiled module: {m}"
+                    for m in r.get("numerics", {}).get("mismatches", [])]
+    return out
+
+
+def compile_summary(compiles: dict[str, dict[str, dict]]) -> dict | None:
+    """The compile matrix: per target ok/failed counts, seconds per compile, largest VMEM use."""
+    recs = [r for by_backend in compiles.values() for r in by_backend.values()]
+    if not recs:
+        return None
+    by_target: dict[str, dict] = {}
+    seconds, vmem = [], (0, None)
+    for r in recs:
+        for target, t in r["targets"].items():
+            row = by_target.setdefault(target, {"ok": 0, "failed": 0})
+            row["ok" if t["ok"] else "failed"] += 1
+            seconds.append(t.get("seconds") or 0.0)
+            for kernel, k in (t.get("mosaic") or {}).items():
+                if k.get("vmem_bytes", 0) > vmem[0]:
+                    vmem = (k["vmem_bytes"], f"{r['case_id']} [{r['backend']}] {kernel} on {target}")
+    seconds.sort()
+    return {"targets": sorted(by_target), "pairs": len(recs), "ok": sum(r["verdict"] == "pass" for r in recs),
+            "failed": sum(r["verdict"] != "pass" for r in recs), "by_target": by_target,
+            "compiles": len(seconds), "median_seconds": seconds[len(seconds) // 2] if seconds else None,
+            "max_seconds": seconds[-1] if seconds else None, "max_vmem_bytes": vmem[0], "max_vmem_where": vmem[1]}
+
+
+def _check_numerics(by_case: dict[str, dict[str, dict]]) -> None:
+    """One numerics model per candidate across everything merged."""
+    seen: dict[str, dict[str, str]] = defaultdict(dict)
+    for case_id, recs in by_case.items():
+        for b, r in recs.items():
+            if r.get("side") == "candidate" and r.get("status") == "ok":
+                seen[b].setdefault(r.get("numerics") or "unrecorded", case_id)
+    for b, models in seen.items():
+        if len(models) > 1:
+            detail = ", ".join(f"{m} (e.g. {c})" for m, c in sorted(models.items()))
+            raise GateRefusal(f"candidate {b!r} has records computed under different numerics models: {detail}; "
+                              "rerun one side, or pass --allow-mixed-numerics")
+
+
 def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
     for field in ("input_hash", "oracle_version", "tol_version"):
         values = {b: r.get(field) for b, r in recs.items()}
@@ -50,8 +120,13 @@ def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
             raise GateRefusal(f"case {case_id}: {field} differs between backends ({detail}); refusing to compare")
 
 
-def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference: str = "fla") -> dict:
-    """The gate's verdict for every case, candidate and tensor."""
+def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference: str = "fla",
+             compiles: dict[str, dict[str, dict]] | None = None, allow_mixed_numerics: bool = False) -> dict:
+    """The gate's verdict for every case, candidate and tensor (and TPU compile, when
+    compile records are given)."""
+    compiles = compiles or {}
+    if not allow_mixed_numerics:
+        _check_numerics(by_case)
     cases_out, failures, findings, unsupported, unbounded = [], [], [], [], []
     for case_id in sorted(by_case):
         recs = by_case[case_id]
@@ -116,10 +191,30 @@ def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference
                 unbounded.append({"case_id": case_id, "candidate": cname, "tensors": free,
                                   "reason": entry["tensors"][free[0]].get("bound_note") or f"reference {free[0]} has NaN/Inf"})
             cases_out.append(entry)
+    _apply_compiles(compiles, cases_out, failures)
     return {"schema": SCHEMA_VERSION, "kind": "gate", "bound_factor": factor, "reference": reference,
             "ok": not failures, "cases": cases_out, "failures": failures, "reference_findings": findings,
-            "unsupported": unsupported, "unbounded": unbounded,
+            "unsupported": unsupported, "unbounded": unbounded, "compile": compile_summary(compiles),
             "counts": {v: sum(1 for c in cases_out if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases_out})}}
+
+
+def _apply_compiles(compiles: dict, cases_out: list[dict], failures: list[dict]) -> None:
+    """Compile verdicts join the case entries (a compile-only case gets an entry of its own)."""
+    entries = {(e["case_id"], e["candidate"]): e for e in cases_out}
+    for case_id in sorted(compiles):
+        for backend, rec in sorted(compiles[case_id].items()):
+            entry = entries.get((case_id, backend))
+            if entry is None:
+                entry = {"case_id": case_id, "candidate": backend, "reference": None, "tensors": {}, "verdict": "pass",
+                         "candidate_platform": "compile only (no execution)"}
+                cases_out.append(entry)
+            entry["compile"] = {t: ("ok" if r["ok"] else r.get("error_line") or "error") for t, r in rec["targets"].items()}
+            if rec["verdict"] == "pass":
+                continue
+            entry["verdict"] = worst_verdict([entry["verdict"], rec["verdict"]])
+            for line in compile_problems(rec):
+                failures.append({"case_id": case_id, "candidate": backend, "tensor": None, "verdict": rec["verdict"],
+                                 "detail": line, "repro": rec.get("repro")})
 
 
 def _fmt(x) -> str:
@@ -148,15 +243,26 @@ def format_summary(result: dict) -> str:
         lines.append(f"  bound not enforced (no reference tensor, or one with NaN/Inf; tolerance only): {len(u)} case/candidate pairs, "
                      f"{sum(len(x['tensors']) for x in u)} tensors, e.g. {u[0]['case_id']} [{u[0]['candidate']}] "
                      f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}")
+    if result.get("compile"):
+        lines.append(format_compile_summary(result["compile"]))
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
     return "\n".join(lines)
 
 
-def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None) -> dict:
+def format_compile_summary(c: dict) -> str:
+    per = ", ".join(f"{t} {v['ok']} ok/{v['failed']} failed" for t, v in sorted(c["by_target"].items()))
+    vmem = f"{c['max_vmem_bytes'] / 2**20:.2f} MiB ({c['max_vmem_where']})" if c.get("max_vmem_where") else "n/a"
+    return (f"  TPU compile (on this host, nothing executed): {c['pairs']} case/candidate pairs, {c['ok']} ok, "
+            f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {c['median_seconds']:.2f} s, "
+            f"max {c['max_seconds']:.2f} s; largest kernel VMEM operands {vmem}")
+
+
+def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None,
+             allow_mixed_numerics: bool = False) -> dict:
     """Load, evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
-    by_case = load(dirs)
-    if not by_case:
+    by_case, compiles = load(dirs), load_compiles(dirs)
+    if not by_case and not compiles:
         raise GateRefusal(f"no result records under {', '.join(map(str, dirs))}")
-    result = evaluate(by_case, factor)
+    result = evaluate(by_case, factor, compiles=compiles, allow_mixed_numerics=allow_mixed_numerics)
     write_json(Path(out) if out else Path(dirs[0]) / "gate.json", result)
     return result

@@ -19,7 +19,7 @@ import numpy as np
 
 from cases import Case
 
-from .backends.base import Execution, Unsupported
+from .backends.base import CompileSubject, Execution, Unsupported
 from .compare import describe_localisation
 
 
@@ -104,19 +104,26 @@ class MutantBackend:
         self.mutant = BY_NAME[name]
         self.name = f"mutant-{name}"
 
-    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+    def compile_subject(self, case: Case) -> CompileSubject:
+        """The mutated kernel and the switch it is traced under, for the TPU compile check."""
+        import functools
+
         from kernels_jax.common import mutation
 
         from .backends.jax_backends import PallasBackend
         m = self.mutant
         if case.op != m.op:
             raise Unsupported(f"{self.name} mutates the {m.op} kernel")
-        pallas = PallasBackend(m.impl)
-        fn = pallas.kernel(case)
-        with mutation.enabled(*([m.switch] if m.switch else [])):
-            return pallas.execute(m.wrap(fn) if m.wrap else fn, case, inputs,
-                                  implementation=f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
-                                  notes={"mutant": m.name})
+        fn = PallasBackend(m.impl).kernel(case)
+        return CompileSubject(m.wrap(fn) if m.wrap else fn, f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
+                              context=functools.partial(mutation.enabled, *([m.switch] if m.switch else [])))
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        from .backends.jax_backends import PallasBackend
+        subject = self.compile_subject(case)
+        with subject.context():
+            return PallasBackend.execute(subject.fn, case, inputs, implementation=subject.implementation,
+                                         notes={"mutant": self.mutant.name})
 
 
 def score(gate: dict, mutants: list[Mutant]) -> dict:
@@ -167,15 +174,17 @@ def format_score(result: dict) -> str:
 
 
 def run_mutants(cases: list[Case], out: Path, jobs: int = 1, timeout_s: float = 900.0, factor: float = 1.0,
-                names: list[str] | None = None, progress: bool = True) -> dict:
-    """Run the unmutated kernels, FLA and every mutant over `cases`; gate and score them."""
-    from .gate import evaluate, load
+                names: list[str] | None = None, progress: bool = True, tpu_targets: tuple[str, ...] = ()) -> dict:
+    """Run the unmutated kernels, FLA and every mutant over `cases` (compiling the kernels
+    for `tpu_targets`); gate and score them."""
+    from .gate import evaluate, load, load_compiles
     from .records import write_json
     from .runner import RunConfig, run_cases
     mutants = [BY_NAME[n] for n in names] if names else list(CATALOGUE)
     specs = ["oracle", "fla", "pallas", "pallas-fused"] + [f"mutant:{m.name}" for m in mutants]
-    run_cases(cases, RunConfig(out_dir=out, backends=specs, jobs=jobs, timeout_s=timeout_s, progress=progress))
-    gate = evaluate(load([out]), factor)
+    run_cases(cases, RunConfig(out_dir=out, backends=specs, jobs=jobs, timeout_s=timeout_s, progress=progress,
+                               tpu_targets=tpu_targets))
+    gate = evaluate(load([out]), factor, compiles=load_compiles([out]))
     result = score(gate, mutants)
     write_json(out / "mutants.json", {**result, "bound_factor": factor, "cases": [c.id for c in cases]})
     write_json(out / "gate.json", gate)

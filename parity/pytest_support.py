@@ -14,7 +14,7 @@ from pathlib import Path
 from cases import OPS, Case, get_suite, load_cases_file
 
 from .compare import describe_localisation
-from .gate import GateRefusal, evaluate, format_summary
+from .gate import GateRefusal, compile_problems, evaluate, format_summary
 from .records import iter_results, write_json
 from .runner import build_backends, run_case
 
@@ -99,12 +99,13 @@ def reference_findings(case: Case, records: dict[str, dict]) -> list[str]:
 
 
 def check_case(case: Case, mode: str, candidates: list[str], report_dir: Path, run_id: str,
-               factor: float) -> tuple[list[str], str | None, list[str]]:
-    """Run `case` for a marker; returns (problems, why no candidate could run it or None,
-    findings about the reference)."""
+               factor: float, tpu_targets: tuple[str, ...] = ()) -> tuple[list[str], str | None, list[str]]:
+    """Run `case` for a marker, compiling its jax candidates for `tpu_targets`; returns
+    (problems, why no candidate could run it or None, findings about the reference)."""
     specs = MODE_BACKENDS[mode] + ([] if mode == "gpu" else list(candidates))
     backends = _backends(tuple(specs))
-    recs, _ = run_case(case, specs, backends, report_dir, run_id)
+    recs, _, compiles = run_case(case, specs, backends, report_dir, run_id,
+                                 tpu_targets=() if mode == "gpu" else tpu_targets)
     by_backend = {r["backend"]: r for r in recs}
     gate = None
     if "fla" in by_backend and any(r["side"] == "candidate" for r in recs):
@@ -113,23 +114,29 @@ def check_case(case: Case, mode: str, candidates: list[str], report_dir: Path, r
         except GateRefusal:
             gate = None
     cands = [r for r in recs if r["side"] == "candidate"]
+    problems = explain(case, by_backend, gate) + [f"[{c['backend']}] {c['verdict']}: {line}\n  repro: {c['repro']}"
+                                                  for c in compiles for line in compile_problems(c)]
     no_kernel = None
     if cands and all(r["status"] == "unsupported" for r in cands):
         no_kernel = "; ".join(f"{r['backend']}: {r.get('error')}" for r in cands)
-    return explain(case, by_backend, gate), no_kernel, reference_findings(case, by_backend)
+    return problems, no_kernel, reference_findings(case, by_backend)
 
 
 def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, bool | None]:
     """Gate over this session's records: (text, ok) with ok None when there is nothing to gate."""
     from collections import defaultdict
     by_case: dict = defaultdict(dict)
+    compiles: dict = defaultdict(dict)
     for _, rec in iter_results([report_dir]):
         if rec.get("run_id") == run_id:
             by_case[rec["case_id"]][rec["backend"]] = rec
+    for _, rec in iter_results([report_dir], kind="compile"):
+        if rec.get("run_id") == run_id:
+            compiles[rec["case_id"]][rec["backend"]] = rec
     if not by_case:
         return "parity gate: no results in this session", None
     try:
-        result = evaluate(dict(by_case), factor)
+        result = evaluate(dict(by_case), factor, compiles=dict(compiles))
     except GateRefusal as e:
         return f"parity gate: not evaluated ({e})", None
     write_json(Path(report_dir) / "gate.json", result)

@@ -1,7 +1,10 @@
 """Result records: one JSON file per case and backend, written atomically.
 
     DIR/<backend>/<case_id>.json   kind "result": case, input hash, versions, platform,
-                                   status, verdict, per-tensor metrics (parity.compare)
+                                   numerics, status, verdict, per-tensor metrics (parity.compare)
+    DIR/<backend>/<case_id>.compile.json
+                                   kind "compile": the candidate compiled for TPU targets
+                                   (parity.tpu_compile), per target ok or Mosaic's error
     DIR/summary.json               kind "run": what ran, where, how long, one line per result
     DIR/gate.json                  kind "gate": the merged TPU <= GPU verdicts (parity.gate)
 Every record carries SCHEMA_VERSION; readers refuse other versions.
@@ -20,7 +23,8 @@ from typing import Any, Iterator
 from . import SCHEMA_VERSION
 
 # worst first: the verdict of a case is the worst verdict of its tensors
-VERDICT_ORDER = ("error", "timeout", "nan-inf", "fail-accuracy", "fail-bound", "unsupported", "pass")
+VERDICT_ORDER = ("error", "timeout", "compile-error", "numerics-mismatch", "nan-inf", "fail-accuracy", "fail-bound",
+                 "unsupported", "pass")
 
 
 def worst_verdict(verdicts) -> str:
@@ -50,8 +54,8 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def result_path(out_dir: Path, backend: str, case_id: str) -> Path:
-    return Path(out_dir) / backend / f"{case_id}.json"
+def result_path(out_dir: Path, backend: str, case_id: str, kind: str = "result") -> Path:
+    return Path(out_dir) / backend / (f"{case_id}.json" if kind == "result" else f"{case_id}.{kind}.json")
 
 
 def repro_command(case_id: str, backend_spec: str) -> str:
@@ -76,8 +80,14 @@ def base_record(case, backend_spec: str, backend: str, side: str, input_hash: st
     }
 
 
-def iter_results(dirs: list[Path]) -> Iterator[tuple[Path, dict]]:
-    """Every result record under the given run directories (any depth)."""
+def compile_repro_command(case_id: str, backend_spec: str, targets) -> str:
+    cmd = ["parity", "compile", "--case", case_id]
+    cmd += ["--candidate", backend_spec] if "=" in backend_spec else ["--backends", backend_spec]
+    return " ".join(shlex.quote(c) for c in cmd + ["--tpu-targets", ",".join(targets)])
+
+
+def iter_results(dirs: list[Path], kind: str = "result") -> Iterator[tuple[Path, dict]]:
+    """Every record of `kind` ("result" or "compile") under the given run directories (any depth)."""
     for d in dirs:
         for path in sorted(Path(d).rglob("*.json")):
             if path.name.startswith(".tmp-"):
@@ -86,5 +96,5 @@ def iter_results(dirs: list[Path]) -> Iterator[tuple[Path, dict]]:
                 rec = read_json(path)
             except (OSError, json.JSONDecodeError):
                 continue
-            if isinstance(rec, dict) and rec.get("kind") == "result":
+            if isinstance(rec, dict) and rec.get("kind") == kind:
                 yield path, rec

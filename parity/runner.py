@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import os
 import sys
 import time
 import traceback
@@ -34,6 +35,8 @@ class RunConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     run_id: str = ""
     progress: bool = True
+    tpu_targets: tuple[str, ...] = ()   # compile every jax candidate for these (parity.tpu_compile)
+    numerics: str = ""                  # TPU numerics model of the jax candidates ("" = default)
 
 
 def shard(cases: list[Case], index: int, count: int) -> list[Case]:
@@ -68,8 +71,8 @@ def _oracle_tensor_stats(tensors) -> dict:
 def _record(case, spec, result, oracle, input_hash, run_id) -> dict:
     rec = base_record(case, spec, result.backend, result.side, input_hash, run_id)
     rec.update(status=result.status, platform=result.platform, implementation=result.implementation,
-               versions=result.versions, kernel_time_s=result.kernel_time_s, wall_time_s=result.wall_time_s,
-               error=result.error, notes=result.notes)
+               versions=result.versions, numerics=result.numerics, kernel_time_s=result.kernel_time_s,
+               wall_time_s=result.wall_time_s, error=result.error, notes=result.notes)
     if result.status != "ok":
         rec["tensors"], rec["verdict"] = {}, result.status
     elif result.side == "oracle":
@@ -109,10 +112,29 @@ def build_backends(specs: list[str]) -> dict:
     return out
 
 
+def compile_for_targets(case: Case, spec: str, backend, targets, out_dir: Path, run_id: str) -> dict | None:
+    """Compile a jax candidate's program for the TPU targets; write and return its compile
+    record (None for a backend that compiles nothing for TPU, or has no kernel for the case)."""
+    from .backends import Unsupported, backend_name
+    from .tpu_compile import compile_record
+    if not targets or getattr(backend, "side", None) != "candidate" or not hasattr(backend, "compile_subject"):
+        return None
+    try:
+        subject = backend.compile_subject(case)
+    except Unsupported:
+        return None
+    name = backend_name(spec)
+    rec = compile_record(case, spec, name, subject, targets, run_id)
+    write_json(result_path(Path(out_dir), name, case.id, kind="compile"), rec)
+    return rec
+
+
 def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id: str,
-             on_start=lambda spec: None, on_done=lambda line: None) -> tuple[list[dict], dict]:
+             on_start=lambda spec: None, on_done=lambda line: None,
+             tpu_targets: tuple[str, ...] = ()) -> tuple[list[dict], dict, list[dict]]:
     """Run one case through the backends named in `todo` (oracle first), write a record per
-    backend and return (records, timing). Used by worker processes and the pytest plugin."""
+    backend, compile each jax candidate for `tpu_targets`, and return (records, timing,
+    compile records). Used by worker processes and the pytest plugin."""
     from cases import input_hash, make_inputs
 
     from .backends import BackendResult, backend_name, execute
@@ -122,7 +144,7 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
     h = input_hash(inputs)
     oracle = None
     backend_wall = 0.0
-    records = []
+    records, compiles = [], []
     for spec in todo:
         name = backend_name(spec)
         on_start(spec)
@@ -148,11 +170,20 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
             rec = _record(case, spec, result, oracle, h, run_id)
         write_json(result_path(Path(out_dir), name, case.id), rec)
         records.append(rec)
+        if result.status != "unsupported" and not isinstance(b, Exception):
+            try:
+                crec = compile_for_targets(case, spec, b, tpu_targets, out_dir, run_id)
+            except Exception:  # noqa: BLE001 - a compile-check bug must not lose the run
+                crec = None
+                rec["notes"]["compile_check_error"] = traceback.format_exc(limit=-4)
+                write_json(result_path(Path(out_dir), name, case.id), rec)
+            if crec is not None:
+                compiles.append(crec)
         on_done(_summary_line(rec))
-    return records, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall}
+    return records, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall}, compiles
 
 
-def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
+def _worker_main(conn, specs: list[str], out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
     """Runs cases sent over `conn`; reports ('start', case_id, spec), ('done', line), ('case', case_id, timing)."""
     backends = build_backends(specs)
     while True:
@@ -161,9 +192,9 @@ def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
             return
         case_dict, todo = msg
         case = Case.from_dict(case_dict)
-        _, timing = run_case(case, todo, backends, Path(out_dir), run_id,
-                             on_start=lambda spec: conn.send(("start", case.id, spec)),
-                             on_done=lambda line: conn.send(("done", line)))
+        _, timing, _ = run_case(case, todo, backends, Path(out_dir), run_id,
+                                on_start=lambda spec: conn.send(("start", case.id, spec)),
+                                on_done=lambda line: conn.send(("done", line)), tpu_targets=tpu_targets)
         conn.send(("case", case.id, timing))
 
 
@@ -171,7 +202,8 @@ def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
 class _Worker:
     def __init__(self, ctx, cfg: RunConfig):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, cfg.backends, str(cfg.out_dir), cfg.run_id), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, daemon=True,
+                                args=(child, cfg.backends, str(cfg.out_dir), cfg.run_id, tuple(cfg.tpu_targets)))
         self.proc.start()
         child.close()
         self.case: Case | None = None
@@ -231,6 +263,9 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     cfg.run_id = cfg.run_id or uuid.uuid4().hex[:12]
     specs = ["oracle"] + [s for s in cfg.backends if s != "oracle"]
     cfg.backends = specs
+    if cfg.numerics:  # workers inherit it (parity.tpu_numerics reads it on first use)
+        from .tpu_numerics import ENV, check_model
+        os.environ[ENV] = check_model(cfg.numerics)
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
     pending = list(cases)
@@ -308,6 +343,7 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     summary = {
         "schema": SCHEMA_VERSION, "kind": "run", "run_id": cfg.run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv, "backends": specs, "jobs": cfg.jobs, "cases": len(cases), "wall_time_s": wall,
+        "tpu_targets": list(cfg.tpu_targets),
         "timing": _timing_summary(lines, timings, wall), "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
     }
     write_json(cfg.out_dir / "summary.json", summary)

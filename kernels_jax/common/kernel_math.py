@@ -11,16 +11,30 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import tpu as pltpu
 
+from .mutation import active
+
 F32 = jnp.float32
 
 
 def dot(a, b, trans_a: bool = False, trans_b: bool = False):
-    """a @ b (a^T / b^T when asked) accumulated in float32. bf16 x bf16 stays bf16 on the MXU
-    (products are exact in float32); anything else is multiplied in full float32."""
-    if not (a.dtype == b.dtype == jnp.bfloat16):
-        a, b = a.astype(F32), b.astype(F32)
+    """a @ b (a^T / b^T when asked) accumulated in float32.
+
+    bf16 x bf16: one MXU pass at DEFAULT precision; the products of two bfloat16 numbers are
+    exact in float32, so nothing is lost, and Mosaic rejects a bf16 matmul that asks for
+    float32 contract precision ("Bad lhs type" on every TPU generation).
+    Anything else: both operands in float32 at HIGHEST (six bf16 passes on the MXU, about
+    float32 accuracy); DEFAULT would round each float32 operand to bfloat16 (one pass,
+    ~2e-3 relative error: less accurate than FLA's TF32 on a GPU)."""
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-    return lax.dot_general(a, b, dims, precision=lax.Precision.HIGHEST, preferred_element_type=F32)
+    if a.dtype == b.dtype == jnp.bfloat16:
+        # mutation: a bf16 matmul asking for float32 contract precision (runs in interpret mode,
+        # Mosaic rejects it)
+        precision = lax.Precision.HIGHEST if active("bf16_dot_fp32_contract") else None
+        return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
+    a, b = a.astype(F32), b.astype(F32)
+    # mutation: float32 dots at DEFAULT (one bf16 pass on a TPU)
+    precision = None if active("f32_dot_default_precision") else lax.Precision.HIGHEST
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
 
 
 def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False, unmasked: bool = False,
@@ -74,5 +88,11 @@ def total(x):
 
 
 def params(*semantics: str):
-    """pltpu.CompilerParams with these dimension semantics ('parallel' / 'arbitrary')."""
+    """pltpu.CompilerParams with these dimension semantics ('parallel' / 'arbitrary').
+
+    A grid axis along which a kernel carries state in scratch must be 'arbitrary': a TPU with
+    two TensorCores (v4, v5p, TPU7x) splits 'parallel' axes between them, and TPU interpret
+    mode gives each 'parallel' iteration a fresh (NaN-filled) scratch."""
+    if active("sequential_axis_parallel"):  # mutation: the Triton habit of independent programs
+        semantics = ("parallel",) * len(semantics)
     return pltpu.CompilerParams(dimension_semantics=semantics)

@@ -1,5 +1,5 @@
 """Backends: oracle (float64), fla (FLA Triton), pallas / pallas-fused (kernels_jax), and
-user candidates given as NAME=FRAMEWORK:MODULE:FUNCTION (FRAMEWORK is jax or torch).
+user candidates given as NAME=FRAMEWORK:MODULE:FUNCTION (FRAMEWORK is jax, pallas or torch).
 
 Backends are named by strings so that worker processes can build them: `make_backend(spec)`.
 """
@@ -10,9 +10,11 @@ import os
 import re
 import sys
 
-from .base import Backend, BackendResult, Execution, Unsupported, execute
+from .base import Backend, BackendResult, CompileSubject, Execution, Unsupported, execute
 
 BUILTIN = ("oracle", "fla", "pallas", "pallas-fused")
+# jax: any jax code; pallas: a Pallas TPU kernel (its TPU module must hold a Mosaic kernel); torch
+FRAMEWORKS = ("jax", "pallas", "torch")
 MUTANT_PREFIX = "mutant:"   # mutant:NAME, a kernels_jax kernel with a known bug (parity.mutants)
 CANDIDATE_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
 
@@ -25,8 +27,8 @@ def parse_candidate(spec: str) -> tuple[str, str, str, str]:
     m = CANDIDATE_RE.match(spec)
     if not m:
         raise SpecError(f"--candidate {spec!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla")
-    if m["fw"] not in ("jax", "torch"):
-        raise SpecError(f"--candidate {spec!r}: FRAMEWORK {m['fw']!r} is not one of ['jax', 'torch']")
+    if m["fw"] not in FRAMEWORKS:
+        raise SpecError(f"--candidate {spec!r}: FRAMEWORK {m['fw']!r} is not one of {list(FRAMEWORKS)}")
     if m["name"] in BUILTIN:
         raise SpecError(f"--candidate {spec!r}: NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)}")
     return m["name"], m["fw"], m["module"], m["func"]
@@ -69,9 +71,9 @@ def make_backend(spec: str) -> Backend:
         from ..mutants import MutantBackend
         return MutantBackend(spec[len(MUTANT_PREFIX):])
     name, fw, fn = load_candidate_function(spec)
-    if fw == "jax":
+    if fw in ("jax", "pallas"):
         from .jax_backends import JaxCandidate
-        return JaxCandidate(name, fn, spec)
+        return JaxCandidate(name, fn, spec, framework=fw)
     from .torch_candidate import TorchCandidate
     return TorchCandidate(name, fn, spec)
 
@@ -94,5 +96,5 @@ def check_specs(specs: list[str]) -> None:
         seen.add(n)
 
 
-__all__ = ["Backend", "BackendResult", "Execution", "Unsupported", "execute", "make_backend",
+__all__ = ["Backend", "BackendResult", "CompileSubject", "Execution", "Unsupported", "execute", "make_backend",
            "check_specs", "backend_name", "parse_candidate", "SpecError", "BUILTIN"]

@@ -7,6 +7,7 @@ ran. `execute` wraps a backend call so that any failure becomes a record.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
@@ -32,6 +33,7 @@ class Execution:
     implementation: str                # e.g. 'fla.ops.simple_gla.chunk_simple_gla'
     versions: dict[str, str]
     kernel_time_s: float | None = None  # wall time of the kernel calls alone (fwd + bwd)
+    numerics: str = ""                 # how its arithmetic was computed: 'tpu-mxu-v1', 'float64', ...
     # free-form facts, e.g. {'chunk_size': 64} when the kernel used another chunk size than
     # the case, or {'unsupported_tensors': {'dg_gamma': 'why'}} for tensors it cannot produce
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -49,6 +51,7 @@ class BackendResult:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     kernel_time_s: float | None = None
     wall_time_s: float | None = None
+    numerics: str = ""
     error: str | None = None
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -60,6 +63,17 @@ class Backend(Protocol):
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         """Compute case.output_names(); raise Unsupported(reason) when there is no kernel."""
         ...
+
+
+@dataclasses.dataclass
+class CompileSubject:
+    """What a jax backend compiles for TPU targets (parity.tpu_compile): fn in FLA's calling
+    convention, traced inside `context` (e.g. a mutation switch); expect_mosaic when it claims
+    to be a Pallas kernel (its TPU module must then contain a Mosaic kernel)."""
+    fn: Any
+    implementation: str
+    context: Any = contextlib.nullcontext
+    expect_mosaic: bool = True
 
 
 def check_tensors(case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any],
@@ -105,4 +119,5 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
                              wall_time_s=time.perf_counter() - t0)
     return BackendResult(**{**base, "tensors": tensors}, status="ok", platform=ex.platform,
                          implementation=ex.implementation, versions=ex.versions,
-                         kernel_time_s=ex.kernel_time_s, notes=ex.notes, wall_time_s=time.perf_counter() - t0)
+                         kernel_time_s=ex.kernel_time_s, numerics=ex.numerics, notes=ex.notes,
+                         wall_time_s=time.perf_counter() - t0)

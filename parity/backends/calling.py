@@ -35,10 +35,10 @@ def accepts(fn: Callable, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def static_kwargs(case: Case, fn: Callable, inputs: dict[str, np.ndarray]) -> dict:
+def static_kwargs(case: Case, fn: Callable, cu_seqlens=None) -> dict:
     kw = {"scale": case.scale_value, "output_final_state": case.ht}
-    if "cu_seqlens" in inputs:
-        kw["cu_seqlens"] = inputs["cu_seqlens"]
+    if cu_seqlens is not None:
+        kw["cu_seqlens"] = cu_seqlens
     if accepts(fn, "chunk_size"):
         kw["chunk_size"] = case.chunk_size
     return kw
@@ -50,31 +50,46 @@ def _call_by_name(fn, diff: dict, kw: dict):
     return fn(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
+def jax_program(fn: Callable, case: Case) -> Callable:
+    """program(diff, cot) -> (outs, grads): the case's computation through fn in jax.
+
+    diff: the differentiable inputs by name (`differentiable_inputs`); cot: (do,) or (do, dht)
+    for a backward case, () otherwise; outs: (o,) or (o, ht); grads: {input name: gradient}
+    ({} for a forward case). The same program runs in interpret mode (`run_jax`) and is
+    compiled for TPU targets (`parity.tpu_compile`). cu_seqlens is closed over as a concrete
+    int32 array (kernels plan the packed layout on the host)."""
+    import jax
+    import jax.numpy as jnp
+    cu = None if case.seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
+    kw = static_kwargs(case, fn, cu)
+
+    def forward(d):
+        o, ht = _call_by_name(fn, d, kw)
+        return (o, ht) if case.ht else (o,)
+
+    def program(diff, cot):
+        if not case.backward:
+            return forward(diff), {}
+        outs, vjp = jax.vjp(forward, diff)
+        (grads,) = vjp(tuple(c.astype(o.dtype) for c, o in zip(cot, outs)))
+        return outs, grads
+    return program
+
+
+def cotangent_names(case: Case) -> list[str]:
+    """Inputs that are the cotangents of a backward case: do, and dht when ht is returned."""
+    return (["do"] + (["dht"] if case.ht else [])) if case.backward else []
+
+
 def run_jax(fn: Callable, case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
     """(tensors, seconds in fn's forward and backward)."""
     import jax
     import jax.numpy as jnp
-    names = differentiable_inputs(case, inputs)
-    diff = {n: jnp.asarray(inputs[n]) for n in names}
-    kw = static_kwargs(case, fn, inputs)
-    if "cu_seqlens" in kw:
-        kw["cu_seqlens"] = jnp.asarray(kw["cu_seqlens"], jnp.int32)
-
-    def f(d):
-        o, ht = _call_by_name(fn, d, kw)
-        return (o, ht) if case.ht else (o,)
-
+    diff = {n: jnp.asarray(inputs[n]) for n in differentiable_inputs(case, inputs)}
+    cot = tuple(jnp.asarray(inputs[n]) for n in cotangent_names(case))
+    program = jax_program(fn, case)
     t0 = time.perf_counter()
-    if not case.backward:
-        outs = jax.block_until_ready(f(diff))
-        grads = {}
-    else:
-        outs, vjp = jax.vjp(f, diff)
-        cot = (jnp.asarray(inputs["do"], outs[0].dtype),)
-        if case.ht:
-            cot += (jnp.asarray(inputs["dht"], outs[1].dtype),)
-        (grads,) = vjp(cot)
-        outs, grads = jax.block_until_ready((outs, grads))
+    outs, grads = jax.block_until_ready(program(diff, cot))
     seconds = time.perf_counter() - t0
     tensors = {"o": np.asarray(outs[0])}
     if case.ht:
@@ -106,9 +121,8 @@ def run_torch(fn: Callable, case: Case, inputs: dict[str, np.ndarray], device: s
     import torch
     names = differentiable_inputs(case, inputs)
     diff = {n: to_torch(inputs[n], device).requires_grad_(case.backward) for n in names}
-    kw = static_kwargs(case, fn, inputs)
-    if "cu_seqlens" in kw:
-        kw["cu_seqlens"] = torch.from_numpy(kw["cu_seqlens"]).to(device)
+    cu = inputs.get("cu_seqlens")
+    kw = static_kwargs(case, fn, None if cu is None else torch.from_numpy(cu).to(device))
     t0 = time.perf_counter()
     o, ht = _call_by_name(fn, diff, kw)
     if case.backward:

@@ -104,6 +104,11 @@ class FlaBackend:
                    if n not in tensors and n in GRAD_NAMES.values()}
         if missing:
             notes["unsupported_tensors"] = missing
+        if cuda:
+            numerics = "cuda"
+        else:
+            from .triton_interpreter import TF32_ROUNDING
+            numerics = f"triton-interpreter-gpu-v1 (tf32 {TF32_ROUNDING}, bf16 rne)"
         return Execution(tensors=tensors, platform=platform,
                          implementation=f"fla.ops.{case.op}.{FLA_KERNELS[case.op][1]}",
-                         versions=_versions(), kernel_time_s=seconds, notes=notes)
+                         versions=_versions(), kernel_time_s=seconds, numerics=numerics, notes=notes)

@@ -13,7 +13,7 @@ import numpy as np
 
 from cases import Case
 
-from .base import Execution, Unsupported
+from .base import CompileSubject, Execution, Unsupported
 from .calling import run_jax
 
 # implementation name -> {op: (module, function)}
@@ -34,6 +34,14 @@ def _tpu_present() -> bool:
 def _platform() -> str:
     from kernels_jax.common.platform import platform_name
     return platform_name()
+
+
+def _numerics() -> str:
+    """The TPU numerics model this process computes jax dots under (on a TPU: the TPU itself)."""
+    if _tpu_present():
+        return "tpu"
+    from parity import tpu_numerics
+    return tpu_numerics.active()
 
 
 def _versions() -> dict[str, str]:
@@ -64,26 +72,38 @@ class PallasBackend:
         fn = self.kernel(case)
         return self.execute(fn, case, inputs, implementation=f"{fn.__module__}.{fn.__name__}")
 
+    def compile_subject(self, case: Case) -> CompileSubject:
+        fn = self.kernel(case)
+        return CompileSubject(fn, f"{fn.__module__}.{fn.__name__}")
+
     @staticmethod
     def execute(fn: Callable, case: Case, inputs: dict[str, np.ndarray], implementation: str,
                 notes: dict | None = None) -> Execution:
         """Call a kernels_jax kernel (or a variant of one) and record where it ran."""
+        numerics = _numerics()
         tensors, seconds = run_jax(fn, case, inputs)
         return Execution(tensors=tensors, platform=_platform(), implementation=implementation,
-                         versions=_versions(), kernel_time_s=seconds, notes=notes or {})
+                         versions=_versions(), kernel_time_s=seconds, numerics=numerics, notes=notes or {})
 
 
 class JaxCandidate:
-    """A user's jax function in FLA's convention, run in TPU interpret mode when no TPU."""
+    """A user's jax function in FLA's convention, run in TPU interpret mode when no TPU.
+
+    framework 'pallas' says it is a Pallas TPU kernel: its compiled TPU module must contain a
+    Mosaic kernel; 'jax' is any jax code (plain XLA is fine)."""
     side = "candidate"
 
-    def __init__(self, name: str, fn: Callable, spec: str):
-        self.name, self.fn, self.spec = name, fn, spec
+    def __init__(self, name: str, fn: Callable, spec: str, framework: str = "jax"):
+        self.name, self.fn, self.spec, self.framework = name, fn, spec, framework
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         from jax.experimental.pallas import tpu as pltpu
         ctx = contextlib.nullcontext() if _tpu_present() else pltpu.force_tpu_interpret_mode()
+        numerics = _numerics()
         with ctx:
             tensors, seconds = run_jax(self.fn, case, inputs)
         return Execution(tensors=tensors, platform=_platform(), implementation=self.spec,
-                         versions=_versions(), kernel_time_s=seconds)
+                         versions=_versions(), kernel_time_s=seconds, numerics=numerics)
+
+    def compile_subject(self, case: Case) -> CompileSubject:
+        return CompileSubject(self.fn, self.spec, expect_mosaic=self.framework == "pallas")

@@ -61,4 +61,4 @@ class OracleBackend:
         return Execution(tensors=tensors, platform=f"cpu:float64 ({platform.machine()})",
                          implementation=f"references.{case.op} (float64 recurrence, jax autodiff)",
                          versions={"oracle": ORACLE_VERSION, "jax": jax.__version__},
-                         kernel_time_s=seconds, notes={"cache_hit": hit})
+                         kernel_time_s=seconds, numerics="float64", notes={"cache_hit": hit})

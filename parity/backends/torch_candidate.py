@@ -24,4 +24,5 @@ class TorchCandidate:
         tensors, seconds = run_torch(self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None)
         where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
         return Execution(tensors=tensors, platform=where, implementation=self.spec,
-                         versions={"torch": torch.__version__}, kernel_time_s=seconds)
+                         versions={"torch": torch.__version__}, kernel_time_s=seconds,
+                         numerics="cuda" if cuda else "cpu-torch")

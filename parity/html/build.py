@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shutil
+import statistics
 import sys
 import time
 from collections import Counter, defaultdict
@@ -19,12 +20,17 @@ from markupsafe import Markup
 from .. import SCHEMA_VERSION
 from ..compare import describe_localisation
 from ..gate import GateRefusal, evaluate
-from ..records import VERDICT_ORDER, iter_results, read_json, worst_verdict
+from ..records import VERDICT_ORDER, iter_results, read_json
 
 REFERENCE = "fla"
 TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
 PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
+# the page's verdicts: the records' plus a compile record's ("compile-error": a candidate that
+# does not compile for a TPU target is as broken as one that errors)
+PAGE_VERDICTS = VERDICT_ORDER[:1] + ("compile-error",) + VERDICT_ORDER[1:-2] + ("numerics-mismatch",) + VERDICT_ORDER[-2:]
+COMPILE_LABEL = "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed)"
+TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
 
 # ------------------------------------------------------------------ loading
@@ -34,6 +40,36 @@ def load_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str
     skipped = []
     for path, rec in iter_results(dirs):
         if rec.get("schema") != SCHEMA_VERSION or "case_id" not in rec or "backend" not in rec:
+            skipped.append(str(path))
+            continue
+        prev = by_case[rec["case_id"]].get(rec["backend"])
+        if prev is None or rec.get("created", "") >= prev.get("created", ""):
+            by_case[rec["case_id"]][rec["backend"]] = rec
+    return dict(by_case), skipped
+
+
+def iter_compile_records(dirs: list[Path]):
+    """(path, record) for every compile record (DIR/<backend>/<case_id>.compile.json, any depth);
+    unreadable files are skipped as iter_results does."""
+    for d in dirs:
+        for path in sorted(Path(d).rglob("*.compile.json")):
+            if path.name.startswith(".tmp-"):
+                continue
+            try:
+                rec = read_json(path)
+            except (OSError, ValueError):
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == "compile":
+                yield path, rec
+
+
+def load_compile_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
+    """case_id -> candidate backend -> newest compile record (by "created"), and the paths skipped."""
+    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
+    skipped = []
+    for path, rec in iter_compile_records(dirs):
+        if (rec.get("schema") != SCHEMA_VERSION or "case_id" not in rec or "backend" not in rec
+                or not isinstance(rec.get("targets"), dict)):
             skipped.append(str(path))
             continue
         prev = by_case[rec["case_id"]].get(rec["backend"])
@@ -52,6 +88,20 @@ def _bound_factor(dirs: list[Path]) -> float:
             except (OSError, ValueError, TypeError):
                 pass
     return 1.0
+
+
+def _gate_compile(dirs: list[Path]) -> dict | None:
+    """The "compile" section of an existing gate.json, if it has one."""
+    for d in dirs:
+        p = Path(d) / "gate.json"
+        if p.is_file():
+            try:
+                section = read_json(p).get("compile")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(section, dict):
+                return section
+    return None
 
 
 def gate_per_case(by_case: dict, factor: float) -> tuple[dict[str, dict], dict]:
@@ -77,6 +127,113 @@ def gate_per_case(by_case: dict, factor: float) -> tuple[dict[str, dict], dict]:
     status = "refused" if refused else ("pass" if failures == 0 else "fail")
     return per_case, {"status": status, "factor": factor, "failures": failures, "refused": len(refused),
                       "refusal_examples": refused[:3], "counts": _ordered_counts(counts)}
+
+
+# ------------------------------------------------------------------ TPU compile records
+def _worst(verdicts) -> str:
+    """worst_verdict over the page's verdicts (compile verdicts included; unknown ones count as error)."""
+    rank = {v: i for i, v in enumerate(PAGE_VERDICTS)}
+    return min(verdicts, key=lambda v: rank.get(v, 0), default="pass")
+
+
+def _targets(rec: dict) -> dict[str, dict]:
+    return {t: e for t, e in (rec.get("targets") or {}).items() if isinstance(e, dict)}
+
+
+def _error_line(entry: dict) -> str:
+    line = entry.get("error_line") or next((ln.strip() for ln in str(entry.get("error") or "").splitlines() if ln.strip()), "")
+    return line[:300] or "failed (no error message)"
+
+
+def _mismatches(entry: dict) -> list:
+    return list((entry.get("numerics") or {}).get("mismatches") or [])
+
+
+def compile_verdict(rec: dict) -> str:
+    """compile-error when a target failed, numerics-mismatch when a compiled kernel's matmul classes
+    differ from the numerics model, else the record's own verdict (pass)."""
+    targets = _targets(rec).values()
+    if not targets or any(not e.get("ok") for e in targets):
+        return "compile-error"
+    if any(_mismatches(e) for e in targets):
+        return "numerics-mismatch"
+    v = rec.get("verdict", "pass")
+    return v if v in PAGE_VERDICTS else "compile-error"
+
+
+def compile_target_order(compile_by_case: dict) -> list[str]:
+    names = {t for recs in compile_by_case.values() for r in recs.values() for t in _targets(r)}
+    return [t for t in TARGET_ORDER if t in names] + sorted(names - set(TARGET_ORDER))
+
+
+def _bytes(n) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    return f"{n} B" if n < 1024 else (f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.2f} MiB")
+
+
+def compile_cell(rec: dict | None) -> dict | None:
+    """The case table's compile column: worst verdict over candidates and the failing (candidate, target)s."""
+    if not rec:
+        return None
+    failing = [f"{b}: {t}" for b, r in rec.items() for t, e in _targets(r).items() if not e.get("ok")]
+    errors = [f"{b} on {t}: {_error_line(e)}" for b, r in rec.items() for t, e in _targets(r).items() if not e.get("ok")]
+    mism = [f"{b}: {t} numerics" for b, r in rec.items() for t, e in _targets(r).items() if e.get("ok") and _mismatches(e)]
+    cell = {"v": _worst(compile_verdict(r) for r in rec.values()), "f": "; ".join(failing + mism) or None,
+            "err": "\n".join(errors)[:600] or None,
+            "ok": sum(1 for r in rec.values() for e in _targets(r).values() if e.get("ok")),
+            "n": sum(len(_targets(r)) for r in rec.values())}
+    return {k: v for k, v in cell.items() if v is not None}
+
+
+def compile_summary(compile_by_case: dict, index: dict[str, int], targets: list[str], gate_section: dict | None) -> dict | None:
+    """The index page's TPU compile section: the matrix (failures first), counts per target, compile
+    seconds, the largest VMEM use, the versions and where it ran; None without compile records."""
+    if not compile_by_case:
+        return None
+    matrix, seconds, vmem = [], [], None
+    by_target = {t: Counter() for t in targets}
+    recs = [r for cid in sorted(compile_by_case) for _, r in sorted(compile_by_case[cid].items())]
+    for r in recs:
+        cells = {}
+        for t, e in _targets(r).items():
+            ok = bool(e.get("ok"))
+            by_target[t]["pairs"] += 1
+            by_target[t]["ok" if ok else "failed"] += 1
+            if ok and _mismatches(e):
+                by_target[t]["mismatch"] += 1
+            s = e.get("seconds")
+            if isinstance(s, (int, float)):
+                seconds.append((s, r["case_id"], r["backend"], t))
+            for kernel, info in (e.get("mosaic") or {}).items():
+                b = (info or {}).get("vmem_bytes")
+                if isinstance(b, (int, float)) and (vmem is None or b > vmem["bytes"]):
+                    vmem = {"bytes": b, "text": _bytes(b), "kernel": kernel, "case": r["case_id"],
+                            "backend": r["backend"], "target": t}
+            cells[t] = {"ok": ok, "s": f"{s:.2f}" if isinstance(s, (int, float)) else "?",
+                        "err": None if ok else _error_line(e), "mm": len(_mismatches(e)) if ok else 0}
+        matrix.append({"n": index.get(r["case_id"]), "id": r["case_id"], "backend": r["backend"],
+                       "verdict": compile_verdict(r), "program": r.get("program", ""), "cells": cells})
+    rank = {v: i for i, v in enumerate(PAGE_VERDICTS)}
+    matrix.sort(key=lambda m: rank.get(m["verdict"], 0))  # stable: failures first, then by case id
+    pairs = len(recs)
+    failures = [f"{c['failed']} of {c['pairs']} (case, candidate) pairs fail on {t}" for t, c in by_target.items() if c["failed"]]
+    mismatches = [f"{c['mismatch']} of {c['pairs']} (case, candidate) pairs compiled on {t} use other matmul classes "
+                  "than the numerics model" for t, c in by_target.items() if c["mismatch"]]
+    secs = sorted(x[0] for x in seconds)
+    slowest = max(seconds) if seconds else None
+    versions = lambda key: sorted({str(r.get(key)) for r in recs if r.get(key)})  # noqa: E731
+    return {"label": COMPILE_LABEL, "targets": targets, "pairs": pairs, "rows": matrix,
+            "failed_pairs": sum(1 for r in recs if any(not e.get("ok") for e in _targets(r).values())),
+            "by_target": [{"target": t, **{k: c.get(k, 0) for k in ("pairs", "ok", "failed", "mismatch")}}
+                          for t, c in by_target.items()],
+            "failures": failures, "mismatches": mismatches,
+            "numerics_errors": sum(1 for r in recs for e in _targets(r).values() if (e.get("numerics") or {}).get("error")),
+            "seconds": {"n": len(secs), "median": statistics.median(secs), "max": slowest[0],
+                        "max_at": f"{slowest[1]} / {slowest[2]} / {slowest[3]}"} if secs else None,
+            "vmem": vmem, "libtpu": versions("libtpu"), "jax": versions("jax"), "numerics": versions("numerics"),
+            "programs": versions("program"), "hosts": versions("host"), "gate": gate_section,
+            "status": "fail" if failures else ("mismatch" if mismatches else "pass")}
 
 
 # ------------------------------------------------------------------ rows and summary
@@ -135,10 +292,16 @@ def _where(gate_entry: dict | None, worst: str | None) -> str | None:
     return f"{name}: {describe_localisation(tensors[name]['localisation'])}"
 
 
-def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str]) -> dict:
-    """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use."""
-    any_rec = next(iter(recs.values()))
-    case = any_rec.get("case") or {}
+def _case_dict(recs: dict, compile_recs: dict | None) -> dict:
+    any_rec = next(iter(recs.values()), None) or next(iter((compile_recs or {}).values()), None) or {}
+    return any_rec.get("case") or {}
+
+
+def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str],
+             compile_recs: dict | None = None) -> dict:
+    """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use;
+    with compile records, the compile column ("cc"), whose verdict counts in the row's."""
+    case = _case_dict(recs, compile_recs)
     cells = {}
     for b in backends:
         r = recs.get(b)
@@ -155,15 +318,18 @@ def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: li
                 "l": _where(entry, name)}
         cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
     judged = [c["v"] for c in cells.values()]
+    cc = compile_cell(compile_recs)
     row = {"n": index, "id": case_id, "op": case.get("op"), "dtype": case.get("dtype"), "C": case.get("chunk_size"),
-           "gating": _gating(case), "verdict": worst_verdict(judged), "b": cells}
+           "gating": _gating(case), "verdict": _worst(judged + ([cc["v"]] if cc else [])), "b": cells}
+    if cc:
+        row["cc"] = cc
     if isinstance(gate_case, dict) and gate_case.get("refused"):
         row["refused"] = gate_case["refused"]
     return row
 
 
 def _ordered_counts(counter: Counter) -> dict:
-    known = [v for v in VERDICT_ORDER if v in counter]
+    known = [v for v in PAGE_VERDICTS if v in counter]
     return {v: counter[v] for v in known + sorted(set(counter) - set(known))}
 
 
@@ -197,9 +363,18 @@ def summary(rows: list[dict], by_case: dict, backends: list[str], gate: dict, di
             "generated": time.strftime("%Y-%m-%d %H:%M:%S%z")}
 
 
-def case_detail(row: dict, recs: dict, gate_case: dict, backends: list[str]) -> dict:
+def compile_detail(rec: dict, targets: list[str]) -> dict:
+    """One candidate's compile record for the detail view: its fields and its targets in page order."""
+    keep = {k: rec.get(k) for k in ("backend", "implementation", "program", "libtpu", "jax", "numerics", "created",
+                                    "host", "repro", "run_id")}
+    entries = _targets(rec)
+    order = [t for t in targets if t in entries] + sorted(set(entries) - set(targets))
+    return {**keep, "verdict": compile_verdict(rec), "targets": [{"target": t, **entries[t]} for t in order]}
+
+
+def case_detail(row: dict, recs: dict, gate_case: dict, backends: list[str], compile_recs: dict | None = None,
+                compile_targets: list[str] = ()) -> dict:
     """Everything the detail view shows for one case (the per-case file's payload)."""
-    any_rec = next(iter(recs.values()))
     out_backends = []
     for b in backends:
         r = recs.get(b)
@@ -213,22 +388,32 @@ def case_detail(row: dict, recs: dict, gate_case: dict, backends: list[str]) -> 
                              "gate": gate_case.get(b) if isinstance(gate_case, dict) else None})
     names = {n for r in recs.values() for n in r.get("tensors", {})}
     order = [n for n in TENSOR_ORDER if n in names] + sorted(names - set(TENSOR_ORDER))
-    return {"n": row["n"], "id": row["id"], "verdict": row["verdict"], "case": any_rec.get("case"),
-            "refused": row.get("refused"), "tensor_order": order, "backends": out_backends}
+    compiled = [compile_detail(r, list(compile_targets)) for _, r in sorted((compile_recs or {}).items())]
+    return {"n": row["n"], "id": row["id"], "verdict": row["verdict"], "case": _case_dict(recs, compile_recs),
+            "refused": row.get("refused"), "tensor_order": order, "backends": out_backends,
+            "compile": compiled, "compile_label": COMPILE_LABEL if compiled else None}
 
 
 def build_report(dirs: list[Path]) -> dict:
-    """{'summary', 'backends', 'rows', 'details'} from the result records under `dirs`."""
+    """{'summary', 'backends', 'rows', 'details', ...} from the result and compile records under `dirs`
+    (a case with compile records only gets a row too)."""
     dirs = [Path(d) for d in dirs]
     by_case, skipped = load_records(dirs)
+    compiles, compile_skipped = load_compile_records(dirs)
     backends = backend_order(by_case)
+    targets = compile_target_order(compiles)
     gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs))
-    ids = sorted(by_case)
-    rows = [case_row(i, cid, by_case[cid], gate_cases.get(cid, {}), backends) for i, cid in enumerate(ids)]
-    details = [case_detail(row, by_case[row["id"]], gate_cases.get(row["id"], {}), backends) for row in rows]
-    return {"summary": summary(rows, by_case, backends, gate, dirs, skipped), "backends": backends,
+    ids = sorted(set(by_case) | set(compiles))
+    rows = [case_row(i, cid, by_case.get(cid, {}), gate_cases.get(cid, {}), backends, compiles.get(cid))
+            for i, cid in enumerate(ids)]
+    details = [case_detail(row, by_case.get(row["id"], {}), gate_cases.get(row["id"], {}), backends,
+                           compiles.get(row["id"]), targets) for row in rows]
+    s = summary(rows, by_case, backends, gate, dirs, skipped + compile_skipped)
+    s["compile"] = compile_summary(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
+    s["compile_records"] = sum(len(v) for v in compiles.values())
+    return {"summary": s, "backends": backends,
             "sides": {b: next(r[b]["side"] for r in by_case.values() if b in r) for b in backends},
-            "verdict_order": list(VERDICT_ORDER), "rows": rows, "details": details}
+            "verdict_order": list(PAGE_VERDICTS), "compile_targets": targets, "rows": rows, "details": details}
 
 
 # ------------------------------------------------------------------ writing
@@ -285,7 +470,7 @@ def write_report(dirs: list[Path], out: Path) -> Path:
         _copy_if_changed(plotly_js, assets / PLOTLY_JS)
     for d in report["details"]:
         (cases_dir / f"{d['n']}.js").write_text(f"parityCaseLoaded({d['n']},{_safe_json(d)});\n")
-    page_data = {k: report[k] for k in ("backends", "sides", "verdict_order", "rows")}
+    page_data = {k: report[k] for k in ("backends", "sides", "verdict_order", "compile_targets", "rows")}
     page_data["assets"] = assets.name
     html = _env().get_template("index.html.j2").render(
         s=report["summary"], backends=report["backends"], assets=assets.name,

@@ -47,6 +47,19 @@
     { key: "C", label: "C", group: "", get: r => r.C, title: "chunk size" },
     { key: "gating", label: "gating", group: "", get: r => r.gating },
   ];
+  if (data.compile_targets && data.compile_targets.length) {  // TPU compile records: worst over candidates
+    columns.push({ key: "compile", label: "TPU compile", group: "",
+      title: "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed) for " + data.compile_targets.join(", ") +
+             ": the worst over candidates and targets, and the failing (candidate: target) pairs",
+      get: r => r.cc ? rank(r.cc.v) : undefined,
+      cell: r => { const td = el("td", { class: "compile" }); const c = r.cc;
+        if (c) {
+          td.appendChild(chip(c.v === "pass" ? "pass" : c.v));
+          td.appendChild(document.createTextNode(c.f ? " " + c.f : ` ${c.ok}/${c.n}`));
+          if (c.err) td.setAttribute("title", c.err);
+        }
+        return td; } });
+  }
   function metric(c, k) {  // no value: undefined (sorts last); NaN/Inf: +Infinity (worst)
     if (!c) return undefined;
     if (c.nan) return Infinity;
@@ -270,13 +283,14 @@
       ["chunk size", c.chunk_size], ["gating", c.gate + (c.gate_params && Object.keys(c.gate_params).length ? " " + JSON.stringify(c.gate_params) : "")],
       ["scale", c.scale === null ? "K^-0.5" : c.scale], ["h0 / ht", `${c.h0} / ${c.ht}`],
       ["seqlens", c.seqlens ? c.seqlens.join(", ") : "–"], ["seed", c.seed], ["direction", c.direction],
-      ["input hash", hashes.join(" ≠ ")], ["oracle / tolerance", versions.join(" ≠ ")],
-    ], "case-fields");
+    ].concat(d.backends.length ? [["input hash", hashes.join(" ≠ ")], ["oracle / tolerance", versions.join(" ≠ ")]] : []),
+    "case-fields");
     if (hashes.length > 1) add(body, "p", { class: "warn" }, "backends saw different inputs (input hashes differ): not comparable");
   }
 
   function renderBackends(d) {
     add(body, "h3", {}, "Backends");
+    if (!d.backends.length) { add(body, "p", { class: "note" }, "no result records for this case (TPU compile records only)"); return; }
     const rowsData = d.backends.map(b => [
       b.name, b.side, chip(b.row_verdict), b.platform || "–", b.implementation || "–",
       Object.entries(b.versions || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "–",
@@ -295,6 +309,77 @@
     }
     for (const b of d.backends.filter(b => b.notes && Object.keys(b.notes).length)) {
       add(body, "p", { class: "note" }, `${b.name} notes: ${JSON.stringify(b.notes)}`);
+    }
+  }
+
+  function fmtBytes(n) {
+    if (typeof n !== "number") return "–";
+    return n < 1024 ? `${n} B` : (n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(2)} MiB`);
+  }
+  function classes(m) {  // {"f32x6": 48} -> "f32x6 48"
+    const e = Object.entries(m || {});
+    return e.length ? e.map(([k, v]) => `${k} ${v}`).join(", ") : "–";
+  }
+  function errorPre(parent, text, op) {  // the full error as text, the MLIR operation in a <mark>
+    const pre = add(parent, "pre", { class: "compile-error" });
+    const i = op ? text.indexOf(op) : -1;
+    if (i < 0) {
+      pre.textContent = text;
+      if (op) { const p = add(parent, "p", {}, "MLIR operation: "); add(p, "mark", { class: "mlir-op" }, op); }
+      return pre;
+    }
+    pre.appendChild(document.createTextNode(text.slice(0, i)));
+    add(pre, "mark", { class: "mlir-op" }, op);
+    pre.appendChild(document.createTextNode(text.slice(i + op.length)));
+    return pre;
+  }
+  function renderCompile(d) {
+    if (!d.compile || !d.compile.length) return;
+    add(body, "h3", { id: "compile-detail" }, "TPU compile");
+    add(body, "p", { class: "note" }, d.compile_label);
+    for (const c of d.compile) {
+      const sec = add(body, "section", { class: "compile", "data-backend": c.backend });
+      const h = add(sec, "h4");
+      h.appendChild(chip(c.verdict));
+      h.appendChild(document.createTextNode(` ${c.backend} (${c.program || "?"})`));
+      kvTable(sec, [["implementation", c.implementation || "–"], ["libtpu / jax", `${c.libtpu || "?"} / ${c.jax || "?"}`],
+                    ["numerics model", c.numerics || "–"], ["host", c.host || "–"], ["created", c.created || "–"], ["run", c.run_id || "–"]]);
+      const rp = add(sec, "div", { class: "repro" });
+      add(rp, "span", { class: "label" }, "repro");
+      add(rp, "code", {}, c.repro);
+      gridTable(sec, ["target", "topology", "device kind", "result", "seconds", "kernels", "arguments", "outputs", "temp", "code"],
+        c.targets.map(t => {
+          const m = t.memory || {};
+          const res = el("span", { class: t.ok ? "cc-ok" : "fail" }, t.ok ? "ok" : "error");
+          return [t.target, t.topology || "–", t.device_kind || "–", res, fmt(t.seconds), (t.kernels || []).length,
+                  fmtBytes(m.argument_size_in_bytes), fmtBytes(m.output_size_in_bytes), fmtBytes(m.temp_size_in_bytes),
+                  fmtBytes(m.generated_code_size_in_bytes)];
+        }), "compile-targets");
+      for (const t of c.targets) {
+        const div = add(sec, "div", { class: "compile-target", "data-target": t.target });
+        if (!t.ok) {
+          add(div, "p", { class: "fail" }, `${t.target}: ${t.error_line || (String(t.error || "").split("\n").find(l => l.trim()) || "failed")}`);
+          errorPre(div, String(t.error || ""), t.error_op || "");
+          continue;
+        }
+        const num = t.numerics || {};
+        const nk = num.kernels || {};
+        const mosaic = t.mosaic || {};
+        const names = [...new Set([...(t.kernels || []), ...Object.keys(mosaic), ...Object.keys(nk)])];
+        add(div, "p", {}, `${t.target}: compiled in ${fmt(t.seconds)} s, ${names.length} Mosaic kernel(s)`);
+        if (names.length) gridTable(div, ["kernel", "VMEM", "weight loads", "MXU matmuls (compiled)", "numerics model", "agree"],
+          names.map(k => {
+            const mk = mosaic[k] || {}, n = nk[k];
+            const agree = n ? el("span", { class: n.agree ? "cc-ok" : "fail" }, n.agree ? "yes" : "NO") : "–";
+            return [k, mk.vmem_bytes === undefined ? "–" : `${fmtBytes(mk.vmem_bytes)} (${mk.vmem_bytes} B)`,
+                    mk.weight_loads === undefined ? "–" : mk.weight_loads, classes(mk.matmuls), n ? classes(n.model) : "–", agree];
+          }), "compile-kernels");
+        if (num.error) add(div, "p", { class: "warn" }, "numerics check not made: " + num.error);
+        for (const mm of num.mismatches || []) add(div, "p", { class: "fail mismatch" }, "numerics mismatch: " + mm);
+        if (t.error) {  // ok with a note (e.g. no Mosaic kernel) is still shown
+          add(div, "p", { class: "warn" }, t.error);
+        }
+      }
     }
   }
 
@@ -441,6 +526,7 @@
     plots.length = 0;
     renderHeader(d);
     renderBackends(d);
+    renderCompile(d);
     add(body, "h3", {}, "Tensors");
     for (const name of d.tensor_order) renderTensor(d, name);
     if (!plotly) add(body, "p", { class: "warn" }, `plots unavailable: ${ASSETS}/plotly.min.js could not be loaded`);
