@@ -5,6 +5,10 @@ reference and candidate, a candidate whose error sits in one head from chunk 2 o
 candidate, an erroring one, and a case whose id and error message are hostile HTML.
 Browser tests drive Debian's /usr/bin/chromium with Playwright and skip without it; they
 save reports/screenshots/index.png and failing-detail.png.
+
+TPU compile records (kind "compile", DIR/<backend>/<case>.compile.json) are hand-written beside
+a small run: the passing case's candidate fails on tpu7x with a hostile error message, the
+failing case's compiles everywhere, and a case with compile records only has a numerics mismatch.
 """
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ import pytest
 
 from cases import Case, make_inputs
 from parity.compare import compare_tensor
+from parity import SCHEMA_VERSION
 from parity.html import build_report, write_report
+from parity.html.build import COMPILE_LABEL
 from parity.records import base_record, result_path, worst_verdict, write_json
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -99,6 +105,72 @@ def write_records(out: Path, n_bulk: int = 0) -> None:
         put(record(case, "pallas", "candidate", noisy(oracle, 2e-8 * (1 + i % 3), i + 1), oracle))
 
 
+COMPILE_ONLY = Case("simple_gla", 1, 128, 2, 64, 64, chunk_size=64, seed=11)
+HOSTILE_OP = '%379 = "tpu.matmul"(%374, %376) <{precision = #tpu.contract_precision<fp32>}> : (vector<64x128xbf16>) <b>op</b>'
+HOSTILE_LINE = 'INTERNAL: Mosaic failed to compile TPU kernel: Bad lhs type <script>alert(1)</script><img src=x onerror="window.__pwned=1">'
+HOSTILE_COMPILE_ERROR = f"XlaRuntimeError: {HOSTILE_LINE}\n\nThe MLIR operation involved:\n  {HOSTILE_OP}\n\nPlease report a bug."
+
+
+def compile_ok(target: str, seconds: float, vmem: int, model: str = "f32x6", compiled: str = "f32x6") -> dict:
+    kernel = "simple_gla_chunk_fwd_h"
+    agree = model == compiled
+    return {"target": target, "topology": f"{target}:2x2", "device_kind": f"TPU {target}", "ok": True, "seconds": seconds,
+            "kernels": [kernel], "memory": {"argument_size_in_bytes": 263168, "output_size_in_bytes": 131072,
+                                            "temp_size_in_bytes": 0, "generated_code_size_in_bytes": 40960},
+            "mosaic": {kernel: {"vmem_bytes": vmem, "weight_loads": 6, "matmuls": {compiled: 48}}},
+            "numerics": {"model": "tpu-mxu-v1", "kernels": {kernel: {"model": {model: 1}, "compiled": {compiled: 48}, "agree": agree}},
+                         "mismatches": [] if agree else [f"{kernel}: model ['{model}'], compiled ['{compiled}']"]}}
+
+
+def compile_record(case: Case, backend: str, targets: list[dict], created: str = "2026-11-23T18:00:00+0000") -> dict:
+    fails = any(not t["ok"] for t in targets)
+    mism = any(t.get("numerics", {}).get("mismatches") for t in targets)
+    return {"schema": SCHEMA_VERSION, "kind": "compile", "run_id": "test-html", "case_id": case.id, "case": case.to_dict(),
+            "backend": backend, "side": "candidate", "implementation": f"test.{backend}",
+            "program": "fwd" if case.direction == "fwd" else "fwd+bwd", "libtpu": "0.0.42.1", "jax": "0.10.2",
+            "numerics": "tpu-mxu-v1", "created": created, "host": "cpu-host",
+            "repro": f"parity compile --case {case.id} --backends {backend} --tpu-targets v5e,v6e,tpu7x",
+            "verdict": "compile-error" if fails else ("numerics-mismatch" if mism else "pass"),
+            "targets": {t["target"]: t for t in targets}}
+
+
+def write_compile_records(out: Path, old: Path | None = None) -> None:
+    """Compile records beside write_records(out): see the module docstring. `old`: an older, passing
+    record for the same (case, candidate) as the tpu7x failure, which must not win."""
+    def put(d, rec):
+        path = d / rec["backend"] / f"{rec['case_id']}.compile.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rec))
+
+    failing_target = {"target": "tpu7x", "topology": "tpu7x:2x2x1", "device_kind": "TPU7x", "ok": False, "seconds": 0.3,
+                      "error": HOSTILE_COMPILE_ERROR, "error_line": HOSTILE_LINE, "error_op": HOSTILE_OP}
+    put(out, compile_record(PASSING, "pallas", [compile_ok("v5e", 0.5, 197120), compile_ok("v6e", 0.7, 197120), failing_target]))
+    put(out, compile_record(FAILING, "pallas", [compile_ok("v5e", 1.5, 3 << 20), compile_ok("v6e", 2.5, 1 << 20),
+                                                compile_ok("tpu7x", 1.0, 1 << 20)]))
+    unparsed = {**compile_ok("tpu7x", 0.45, 4096), "numerics": {"error": "no post-lower-to-llo module was written"}}
+    put(out, compile_record(COMPILE_ONLY, "pallas", [compile_ok("v5e", 0.4, 4096), compile_ok("v6e", 0.6, 4096, compiled="f32x1"),
+                                                     unparsed]))
+    (out / "pallas" / "broken.compile.json").write_text("{not json")  # unreadable: skipped
+    (out / "gate.json").write_text(json.dumps({"kind": "gate", "bound_factor": 1.0, "compile": {
+        "targets": ["v5e", "v6e", "tpu7x"], "pairs": 3, "ok": 2, "failed": 1, "by_target": {}, "max_vmem_bytes": 3 << 20}}))
+    if old is not None:
+        put(old, compile_record(PASSING, "pallas", [compile_ok(t, 0.1, 1024) for t in ("v5e", "v6e", "tpu7x")],
+                                created="2026-11-22T09:00:00+0000"))
+
+
+@pytest.fixture(scope="module")
+def compile_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("html-compile") / "run"
+    write_records(out)
+    write_compile_records(out, old=out.parent / "older")
+    return out
+
+
+@pytest.fixture(scope="module")
+def compile_page(compile_dir) -> Path:
+    return write_report([compile_dir.parent / "older", compile_dir], compile_dir / "index.html")
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("html") / "run"
@@ -166,6 +238,60 @@ def test_parity_report_command(run_dir, tmp_path, capsys):
     assert (tmp_path / "rep.html").is_file() and "report:" in capsys.readouterr().out
 
 
+def test_compile_matrix_data(compile_dir):
+    for dirs in ([compile_dir], [compile_dir, compile_dir.parent / "older"], [compile_dir.parent / "older", compile_dir]):
+        rep = build_report(dirs)  # the newer (failing) record wins whichever directory comes first
+        rows = {r["id"]: r for r in rep["rows"]}
+        assert rows[PASSING.id]["cc"]["v"] == "compile-error"
+    assert rep["compile_targets"] == ["v5e", "v6e", "tpu7x"]
+    # a case whose results all pass but whose candidate does not compile for tpu7x is not a pass
+    # (the candidate's cell takes the gate's verdict, as in `parity gate`; its accuracy and bound pass)
+    assert {b: c["v"] for b, c in rows[PASSING.id]["b"].items()} == {
+        "oracle": "pass", "fla": "pass", "nan": "pass", "pallas": "compile-error"}
+    assert 0 < rows[PASSING.id]["b"]["pallas"]["r"] <= 1
+    g = rep["summary"]["gate"]
+    assert g["status"] == "fail" and g["counts"]["compile-error"] == 1 and g["counts"]["numerics-mismatch"] == 1
+    assert rows[PASSING.id]["verdict"] == "compile-error" and rows[PASSING.id]["cc"]["f"] == "pallas: tpu7x"
+    assert rows[PASSING.id]["cc"]["err"] == f"pallas on tpu7x: {HOSTILE_LINE}"
+    assert rows[FAILING.id]["cc"] == {"v": "pass", "ok": 3, "n": 3}
+    assert rows[COMPILE_ONLY.id]["verdict"] == "numerics-mismatch" and rows[COMPILE_ONLY.id]["b"] == {}
+    c = rep["summary"]["compile"]
+    assert c["label"] == COMPILE_LABEL and c["pairs"] == 3 and c["failed_pairs"] == 1 and c["status"] == "fail"
+    assert c["failures"] == ["1 of 3 (case, candidate) pairs fail on tpu7x"]
+    assert c["mismatches"] and "v6e" in c["mismatches"][0]
+    assert {t["target"]: (t["ok"], t["failed"]) for t in c["by_target"]} == {"v5e": (3, 0), "v6e": (3, 0), "tpu7x": (2, 1)}
+    assert c["seconds"]["max"] == 2.5 and c["seconds"]["median"] == 0.6 and c["seconds"]["max_at"] == f"{FAILING.id} / pallas / v6e"
+    assert c["vmem"]["text"] == "3.00 MiB" and c["vmem"]["case"] == FAILING.id and c["vmem"]["target"] == "v5e"
+    cells = {(m["id"], t): x for m in c["rows"] for t, x in m["cells"].items()}
+    assert cells[(PASSING.id, "tpu7x")] == {"ok": False, "s": "0.30", "err": HOSTILE_LINE, "mm": 0}
+    assert cells[(PASSING.id, "v5e")]["ok"] and cells[(COMPILE_ONLY.id, "v6e")]["mm"] == 1
+    assert c["rows"][0]["id"] == PASSING.id  # failures first
+    det = next(d for d in rep["details"] if d["id"] == PASSING.id)
+    assert [t["target"] for t in det["compile"][0]["targets"]] == ["v5e", "v6e", "tpu7x"]
+    assert det["compile"][0]["targets"][2]["error"] == HOSTILE_COMPILE_ERROR
+    assert rep["summary"]["n_skipped"] == 0  # the unreadable file is skipped silently, as results are
+    assert c["numerics_errors"] == 1 and c["gate"]["failed"] == 1
+
+
+def test_compile_page_matrix_and_escaping(compile_page):
+    html = compile_page.read_text()
+    assert "<script>alert(1)" not in html and "<img" not in html and "<b>op" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the error line, as text in the cell's title
+    assert 'id="compile-matrix"' in html and COMPILE_LABEL in html
+    alert = re.search(r'<p class="alert" id="compile-alert">(.*?)</p>', html, re.S)[1]
+    assert "TPU compile: 1 of 3 (case, candidate) pairs fail on tpu7x" in " ".join(alert.split())
+    matrix = re.search(r'<table id="compile-matrix".*?</table>', html, re.S)[0]
+    cells = re.findall(r'<tr data-case="([^"]*)" data-backend="pallas">(.*?)</tr>', matrix, re.S)
+    got = {cid: {t: cls for cls, t in re.findall(r'<td class="cc (cc-\w+)[^"]*" data-target="(\w+)"', body)} for cid, body in cells}
+    assert got[PASSING.id] == {"v5e": "cc-ok", "v6e": "cc-ok", "tpu7x": "cc-error"}
+    assert got[FAILING.id] == {"v5e": "cc-ok", "v6e": "cc-ok", "tpu7x": "cc-ok"}
+    flat = " ".join(html.split())
+    assert "3.00 MiB" in html and "median 0.60 s, max 2.50 s" in flat
+    assert "gate.json compile section: 3 pairs, 2 ok, 1 failed" in flat
+    for f in (compile_page.parent / "index_files" / "cases").glob("*.js"):
+        assert "<" not in f.read_text()
+
+
 # ------------------------------------------------------------------ the page in Chromium
 @pytest.fixture(scope="module")
 def browser():
@@ -180,9 +306,8 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def tab(browser, page):
-    """A fresh page on the report; collects console errors and uncaught exceptions."""
+def open_tab(browser, page: Path):
+    """A fresh page on a report; collects console errors and uncaught exceptions."""
     ctx = browser.new_context(viewport={"width": 1400, "height": 900})
     pg = ctx.new_page()
     pg.errors = []
@@ -192,6 +317,16 @@ def tab(browser, page):
     pg.wait_for_selector("body[data-ready='1']")
     yield pg
     ctx.close()
+
+
+@pytest.fixture
+def tab(browser, page):
+    yield from open_tab(browser, page)
+
+
+@pytest.fixture
+def compile_tab(browser, compile_page):
+    yield from open_tab(browser, compile_page)
 
 
 def visible_ids(pg) -> list[str]:
@@ -275,4 +410,44 @@ def test_hostile_strings_render_as_text(tab):
     assert tab.evaluate("window.__pwned") is None
     assert tab.evaluate("document.querySelectorAll('img').length") == 0
     assert tab.evaluate("[...document.scripts].every(s => !s.textContent.includes('__pwned=1') || s.type === 'application/json')")
+    assert tab.errors == []
+
+
+def test_compile_matrix_and_detail_in_browser(compile_tab):
+    tab = compile_tab
+    assert "fail on tpu7x" in tab.locator("#compile-alert").text_content()
+    assert tab.locator("#compile-outcome .big").text_content().strip() == "FAIL"
+    cell = tab.locator(f"#compile-matrix tr[data-case='{PASSING.id}'] td[data-target='tpu7x']")
+    assert cell.text_content().strip() == "error" and cell.get_attribute("title") == HOSTILE_LINE
+    # the case table: the compile column, and "not pass" finds the case whose only problem is the compile
+    tab.select_option("#f-verdict", "!pass")
+    assert PASSING.id in visible_ids(tab) and COMPILE_ONLY.id in visible_ids(tab)
+    row = tab.locator("#case-table tbody tr", has=tab.locator("a", has_text=PASSING.id))
+    assert "compile-error" in row.locator("td.compile").text_content() and "pallas: tpu7x" in row.locator("td.compile").text_content()
+    tab.select_option("#f-verdict", "")
+    cell.locator("xpath=..").locator("td.id a").click()  # from the matrix to the case
+    tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+    assert tab.locator("#detail-title").text_content().endswith(PASSING.id)
+    sec = tab.locator("section.compile[data-backend='pallas']")
+    assert COMPILE_LABEL in tab.locator("#detail-body").text_content()
+    failed = sec.locator(".compile-target[data-target='tpu7x']")
+    assert failed.locator("pre.compile-error").text_content() == HOSTILE_COMPILE_ERROR
+    assert failed.locator("pre.compile-error mark").text_content() == HOSTILE_OP
+    assert sec.locator(".repro code").text_content().startswith("parity compile --case")
+    ok = sec.locator(".compile-target[data-target='v5e'] table.compile-kernels")
+    assert "192.5 KiB" in ok.text_content() and "f32x6 48" in ok.text_content()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    failed.scroll_into_view_if_needed()
+    tab.screenshot(path=str(SCREENSHOTS / "compile-detail.png"), full_page=False)
+    # a compile-only case: its detail shows the numerics mismatch in red
+    tab.click("#back")
+    tab.wait_for_selector("#compile-matrix", state="visible")
+    tab.locator("#tpu-compile").scroll_into_view_if_needed()
+    tab.screenshot(path=str(SCREENSHOTS / "compile-index.png"), full_page=False)
+    tab.locator(f"#compile-matrix tr[data-case='{COMPILE_ONLY.id}'] td.id a").click()
+    tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+    assert "numerics mismatch" in tab.locator("section.compile .compile-target[data-target='v6e'] p.mismatch").text_content()
+    assert "numerics check not made" in tab.locator("section.compile .compile-target[data-target='tpu7x']").text_content()
+    assert tab.evaluate("window.__pwned") is None
+    assert tab.evaluate("document.querySelectorAll('img, b').length") == 0
     assert tab.errors == []

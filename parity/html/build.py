@@ -28,7 +28,8 @@ PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
 # the page's verdicts: the records' plus a compile record's ("compile-error": a candidate that
 # does not compile for a TPU target is as broken as one that errors)
-PAGE_VERDICTS = VERDICT_ORDER[:1] + ("compile-error",) + VERDICT_ORDER[1:-2] + ("numerics-mismatch",) + VERDICT_ORDER[-2:]
+PAGE_VERDICTS = VERDICT_ORDER if "compile-error" in VERDICT_ORDER else (
+    VERDICT_ORDER[:1] + ("compile-error",) + VERDICT_ORDER[1:-2] + ("numerics-mismatch",) + VERDICT_ORDER[-2:])
 COMPILE_LABEL = "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed)"
 TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
@@ -104,19 +105,27 @@ def _gate_compile(dirs: list[Path]) -> dict | None:
     return None
 
 
-def gate_per_case(by_case: dict, factor: float) -> tuple[dict[str, dict], dict]:
+def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) -> tuple[dict[str, dict], dict]:
     """The gate (parity.gate.evaluate) case by case, so that one refused case does not hide
-    the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall outcome."""
+    the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall outcome.
+    TPU compile records join as they do in `parity gate` (compile-error, numerics-mismatch);
+    without both sides' results only the compile records are judged."""
+    compiles = compiles or {}
     per_case: dict[str, dict] = {}
     has_ref = any(r["side"] == "reference" for recs in by_case.values() for r in recs.values())
     has_cand = any(r["side"] == "candidate" for recs in by_case.values() for r in recs.values())
+    note = None
     if not (has_ref and has_cand):
         missing = "reference (fla)" if not has_ref else "candidate"
-        return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
+        if not compiles:
+            return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
+        note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
     failures, refused, counts = 0, [], Counter()
-    for cid, recs in by_case.items():
+    for cid in sorted(set(by_case) | set(compiles)):
+        recs = by_case.get(cid, {}) if note is None else {}
         try:
-            g = evaluate({cid: recs}, factor, REFERENCE)
+            g = evaluate({cid: recs} if recs else {}, factor, REFERENCE,
+                         compiles={cid: compiles[cid]} if cid in compiles else None)
         except GateRefusal as e:
             per_case[cid] = {"refused": str(e)}
             refused.append(str(e))
@@ -126,7 +135,7 @@ def gate_per_case(by_case: dict, factor: float) -> tuple[dict[str, dict], dict]:
         counts.update(c["verdict"] for c in g["cases"])
     status = "refused" if refused else ("pass" if failures == 0 else "fail")
     return per_case, {"status": status, "factor": factor, "failures": failures, "refused": len(refused),
-                      "refusal_examples": refused[:3], "counts": _ordered_counts(counts)}
+                      "refusal_examples": refused[:3], "counts": _ordered_counts(counts), "note": note}
 
 
 # ------------------------------------------------------------------ TPU compile records
@@ -153,7 +162,7 @@ def compile_verdict(rec: dict) -> str:
     """compile-error when a target failed, numerics-mismatch when a compiled kernel's matmul classes
     differ from the numerics model, else the record's own verdict (pass)."""
     targets = _targets(rec).values()
-    if not targets or any(not e.get("ok") for e in targets):
+    if any(not e.get("ok") for e in targets):
         return "compile-error"
     if any(_mismatches(e) for e in targets):
         return "numerics-mismatch"
@@ -402,7 +411,7 @@ def build_report(dirs: list[Path]) -> dict:
     compiles, compile_skipped = load_compile_records(dirs)
     backends = backend_order(by_case)
     targets = compile_target_order(compiles)
-    gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs))
+    gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs), compiles)
     ids = sorted(set(by_case) | set(compiles))
     rows = [case_row(i, cid, by_case.get(cid, {}), gate_cases.get(cid, {}), backends, compiles.get(cid))
             for i, cid in enumerate(ids)]

@@ -351,7 +351,7 @@
         c.targets.map(t => {
           const m = t.memory || {};
           const res = el("span", { class: t.ok ? "cc-ok" : "fail" }, t.ok ? "ok" : "error");
-          return [t.target, t.topology || "–", t.device_kind || "–", res, fmt(t.seconds), (t.kernels || []).length,
+          return [t.target, t.topology || "–", t.device_kind || "–", res, fmt(t.seconds), t.ok ? (t.kernels || []).length : "–",
                   fmtBytes(m.argument_size_in_bytes), fmtBytes(m.output_size_in_bytes), fmtBytes(m.temp_size_in_bytes),
                   fmtBytes(m.generated_code_size_in_bytes)];
         }), "compile-targets");
