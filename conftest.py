@@ -4,6 +4,7 @@ Thin by design: the logic lives in parity/pytest_support.py.
     pytest -m interpret --suite smoke     FLA and Pallas through their CPU interpreters
     pytest -m gpu --suite ci              FLA compiled on CUDA
     pytest -m tpu --suite ci              Pallas compiled on TPU
+interpret and tpu tests also compile their jax candidates for TPU targets (--tpu-targets).
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def pytest_addoption(parser):
     g.addoption("--report-dir", default="reports/pytest", help="where parity tests write their records")
     g.addoption("--candidate", action="append", default=[], help="NAME=FRAMEWORK:MODULE:FUNCTION (repeatable)")
     g.addoption("--bound-factor", type=float, default=1.0, help="eps_candidate <= F * eps_reference + floor")
+    g.addoption("--tpu-targets", default=None,
+                help="compile the jax candidates of interpret and tpu tests for these TPU targets (v4, v5e, v5p, "
+                     "v6e, tpu7x) or 'none'; default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached")
 
 
 def pytest_configure(config):
@@ -71,6 +75,15 @@ def _tpu_missing() -> str | None:
     return None if on_tpu() else "no TPU visible to jax (tpu tests need the Pallas kernels compiled by Mosaic)"
 
 
+@functools.cache
+def _tpu_targets(text: str | None) -> tuple[str, ...]:
+    from parity.tpu_compile import parse_targets
+    try:
+        return parse_targets(text)
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("gpu") and _cuda_missing():
         pytest.skip(_cuda_missing())
@@ -86,7 +99,8 @@ def parity_check(request):
 
     def check(case, mode):
         problems, no_kernel, findings = check_case(case, mode, opt("candidate"), Path(opt("report_dir")),
-                                                   os.environ["PARITY_RUN_ID"], opt("bound_factor"))
+                                                   os.environ["PARITY_RUN_ID"], opt("bound_factor"),
+                                                   _tpu_targets(opt("tpu_targets")))
         for f in findings:
             warnings.warn(ReferenceFinding(f))
         if problems:

@@ -99,8 +99,29 @@ def _grid(rows: list) -> np.ndarray:
     return np.array([_vec(row) for row in rows]).reshape(len(rows), -1)
 
 
+# The grid hazards of a port from Triton (independent programs) to Pallas (a sequential loop
+# per TensorCore) that an error pattern points to; `localise` names them in its record.
+HAZARDS = {
+    "after-first-chunk": "state carried along the chunk axis is lost after the first chunk: a sequential grid axis "
+                         "marked 'parallel' (v4, v5p and TPU7x split parallel axes over two TensorCores; TPU interpret "
+                         "mode gives each parallel step NaN-filled scratch), or state never written back",
+    "some-sequences": "error from a packed sequence's start on: the state is not reset at a sequence start of a "
+                      "varlen batch (it leaks from the sequence before)",
+}
+
+
 def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
              seq_limit=None) -> dict:
+    """`_localise`, plus the grid hazard its pattern points to (HAZARDS), when there is one."""
+    loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
+    pattern = loc.get("pattern")
+    if pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0):
+        loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
+    return loc
+
+
+def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
+              seq_limit=None) -> dict:
     """Where the error of one tensor first exceeds `limit`, and the shape of the error.
 
     rec: a compare_tensor record (profile, heatmap or row_heatmap, sequences).
@@ -216,6 +237,8 @@ def describe_localisation(loc: dict | None) -> str:
         parts.append("sequences " + ", ".join(map(str, loc["sequences"])))
     if "sequence" in loc:
         parts.append(f"sequence {loc['sequence']}" + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else ""))
+    if "hazard" in loc:
+        parts.append("suspect: " + loc["hazard"])
     return "; ".join(p for p in parts if p)
 
 

@@ -33,6 +33,7 @@ class Mutant:
     switch: str | None = None    # kernels_jax.common.mutation switch the kernel reads
     wrap: Callable | None = None  # or: fn -> patched fn around the unmodified kernel
     witness: str = ""            # a small case that must catch it (tests/test_mutants.py)
+    tpu_only: bool = False       # invisible in interpret mode: caught by the TPU compile check only
 
 
 def _initial_state_ignored(fn):
@@ -87,6 +88,22 @@ CATALOGUE: tuple[Mutant, ...] = (
            what="gla: the state carried to the next chunk decays by the last row's gate only, "
                 "not by the whole chunk's cumulative gate",
            witness="gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-h0"),
+    Mutant("bf16-dot-fp32-contract", "simple_gla", "pallas", switch="bf16_dot_fp32_contract", tpu_only=True,
+           what="bf16 x bf16 matmuls asking for float32 contract precision: exact in TPU interpret mode, "
+                "rejected by Mosaic on every TPU generation ('Bad lhs type'); only the TPU compile check sees it",
+           witness="simple_gla-fwd-B1-T64-H2-K64-V64-bf16-C64-g_logsig"),
+    Mutant("interpret-left-on", "simple_gla", "pallas", seed="003", switch="interpret_left_on", tpu_only=True,
+           what="interpret mode hard-coded on: right numbers on CPU, and the TPU module holds no Mosaic kernel "
+                "(host callbacks instead); only the TPU compile check sees it",
+           witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),
+    Mutant("chunk-axis-parallel", "simple_gla", "pallas", switch="sequential_axis_parallel",
+           what="every grid axis marked 'parallel', the sequential chunk axis of the state-carrying kernels "
+                "included (Triton's independent programs; on a two-TensorCore TPU the state is split)",
+           witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-g_logsig-ht"),
+    Mutant("f32-dots-default-precision", "simple_gla", "pallas", switch="f32_dot_default_precision",
+           what="float32 dots at DEFAULT precision: one bf16 MXU pass on a TPU (~2e-3), float32 in plain "
+                "interpret mode; the TPU numerics model and the bound against FLA's TF32 must catch it",
+           witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-gamma_alibi-ht"),
     Mutant("kda-beta-keys-only", "kda", "pallas", switch="beta_keys_only",
            what="kda: beta applied to the keys but not to the values in the WY solve",
            witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),

@@ -27,13 +27,18 @@ _compile_for_tpu = False
 
 @contextlib.contextmanager
 def compile_for_tpu():
-    """Trace kernels as Mosaic TPU kernels even on a CPU machine (for jax.export lowering checks)."""
+    """Trace kernels as Mosaic TPU kernels even on a CPU machine (to compile them for TPU
+    targets). The choice is made at trace time and jax's trace caches do not key on it, so
+    the caches are cleared on entering and leaving (no interpret-mode trace is reused for a
+    TPU compile, nor the reverse)."""
     global _compile_for_tpu
     prev, _compile_for_tpu = _compile_for_tpu, True
+    jax.clear_caches()
     try:
         yield
     finally:
         _compile_for_tpu = prev
+        jax.clear_caches()
 
 
 def interpret_mode():
