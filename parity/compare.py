@@ -112,10 +112,10 @@ HAZARDS = {
 
 def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
              seq_limit=None) -> dict:
-    """`_localise`, plus the grid hazard its pattern points to (HAZARDS), when there is one."""
+    """`_localise`, plus the grid hazard a time tensor's pattern points to (HAZARDS), if any."""
     loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
     pattern = loc.get("pattern")
-    if pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0):
+    if name in TIME_TENSORS and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
         loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
     return loc
 

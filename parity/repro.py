@@ -7,6 +7,9 @@ DIR/case.json    the case
 DIR/repro.py     a standalone script (numpy + jax or torch + the kernel's module; it does
                  not import this harness) that calls the kernel, takes gradients and prints
                  rel_rms per tensor against the oracle
+DIR/tpu_numerics.py  (jax kernels) a copy of parity/tpu_numerics.py: off a TPU the script
+                 computes the kernel's matmuls under the same TPU numerics model as the
+                 harness did, so it prints the epsilons the harness measured
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from jinja2 import Template
 
 from cases import Case, input_hash, make_inputs
 
+from . import tpu_numerics
 from .backends import parse_candidate
 from .backends.jax_backends import PALLAS_KERNELS
 from .backends.oracle import cached_oracle
@@ -52,7 +56,11 @@ if "cu_seqlens" in x:
 {% endif %}
 {% if framework == "jax" %}
 import contextlib
+import glob
+import os
 
+if not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # no TPU here: stay on the CPU
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
@@ -64,6 +72,9 @@ def f(d):
 if "cu_seqlens" in kwargs:
     kwargs["cu_seqlens"] = jnp.asarray(kwargs["cu_seqlens"], jnp.int32)
 on_tpu = any(d.platform == "tpu" for d in jax.devices())
+if not on_tpu:  # the matmuls as the TPU's MXU computes them (the harness's numerics model)
+    import tpu_numerics
+    tpu_numerics.activate("{{ numerics }}")
 with (contextlib.nullcontext() if on_tpu else pltpu.force_tpu_interpret_mode()):
     d = {n: jnp.asarray(x[n]) for n in diff_names}
     if {{ backward }}:
@@ -122,6 +133,7 @@ def write_repro(case: Case, spec: str, out: Path) -> Path:
         function = f"chunk_{case.op}"
     else:
         _, framework, module, function = parse_candidate(spec)
+        framework = "jax" if framework == "pallas" else framework
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = make_inputs(case)
@@ -130,7 +142,10 @@ def write_repro(case: Case, spec: str, out: Path) -> Path:
     np.savez(out / "oracle.npz", **cached_oracle(case, inputs)[0])
     (out / "case.json").write_text(json.dumps({"id": case.id, **case.to_dict(), "input_hash": input_hash(inputs)}, indent=1))
     chunk = case.chunk_size if spec in PALLAS_KERNELS or (spec == "fla" and case.op == "simple_gla") else None
+    if framework == "jax":
+        (out / "tpu_numerics.py").write_text(Path(tpu_numerics.__file__).read_text())
     script = SCRIPT.render(case_id=case.id, framework=framework, module=module, function=function, bf16=bf16,
-                           scale=repr(case.scale_value), ht=case.ht, backward=case.backward, chunk_size=chunk)
+                           scale=repr(case.scale_value), ht=case.ht, backward=case.backward, chunk_size=chunk,
+                           numerics=tpu_numerics.active())
     (out / "repro.py").write_text(script)
     return out / "repro.py"

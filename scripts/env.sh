@@ -1,6 +1,7 @@
 # Sourced by the README's commands: create or reuse .venv in the repo root and install the
 # project into it from nothing. On a machine without CUDA it takes torch's CPU build
-# (torch==2.13.0) and jax for CPU; it never pulls CUDA wheels there.
+# (torch==2.13.0), jax for CPU and the libtpu jax pins (to compile for TPU targets); it never
+# pulls CUDA wheels there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -15,6 +16,13 @@ if [ ! -f "$stamp" ]; then
     else "$VPY" -m pip install -q "torch==2.13.0"; fi
   fi
   "$VPY" -m pip install -q -e ".[test]"
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    # the real TPU compiler (deviceless compile for TPU targets): the libtpu jax's own `tpu`
+    # extra pins for the installed jax, never a newer one; execution stays on the CPU
+    # (parity sets JAX_PLATFORMS=cpu where no TPU is attached)
+    jaxv="$("$VPY" -c 'import importlib.metadata as m; print(m.version("jax"))')"
+    "$VPY" -m pip install -q "jax[tpu]==$jaxv"
+  fi
   touch "$stamp"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
