@@ -12,7 +12,9 @@ Its id is readable and round-trips:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from numbers import Real
 from typing import Any
 
 OPS = ("simple_gla", "gla", "kda")
@@ -59,6 +61,7 @@ class Case:
     direction: str = "fwdbwd"
 
     def __post_init__(self):
+        self._check_types()
         # normalise containers so that equal cases compare and hash equal
         # (parameters equal to their default are dropped: one case, one id)
         params = dict(self.gate_params)
@@ -72,6 +75,32 @@ class Case:
         self.validate()
 
     # ---------------------------------------------------------------- validation
+    def _check_types(self) -> None:
+        """Types before normalisation: bools are bools, numbers finite numbers, strings strings
+        (JSON's "false" or "0.5" is refused, never coerced)."""
+        def bad(field, value, allowed):
+            raise CaseError(f"Case.{field}={value!r} is invalid: expected {allowed}")
+
+        for f in ("op", "dtype", "gate", "direction"):
+            if not isinstance(getattr(self, f), str):
+                bad(f, getattr(self, f), "a string")
+        for f in ("B", "T", "H", "K", "V", "chunk_size", "seed"):
+            val = getattr(self, f)
+            if not isinstance(val, int) or isinstance(val, bool):
+                bad(f, val, "an int")
+        for f in ("h0", "ht"):
+            if not isinstance(getattr(self, f), bool):
+                bad(f, getattr(self, f), "true or false (a bool)")
+        if self.scale is not None and (not isinstance(self.scale, Real) or isinstance(self.scale, bool)
+                                       or not math.isfinite(self.scale)):
+            bad("scale", self.scale, "None (K**-0.5) or a finite positive number")
+        gp = self.gate_params
+        pairs = gp.items() if isinstance(gp, dict) else gp if isinstance(gp, (tuple, list)) else None
+        if pairs is None or not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+            bad("gate_params", gp, "a mapping of parameter name to int")
+        if self.seqlens is not None and not isinstance(self.seqlens, (tuple, list)):
+            bad("seqlens", self.seqlens, "null or a list of positive ints")
+
     def validate(self) -> None:
         def bad(field, value, allowed):
             raise CaseError(f"Case.{field}={value!r} is invalid: expected {allowed}")
@@ -110,7 +139,7 @@ class Case:
         if self.seqlens is not None:
             if self.B != 1:
                 bad("B", self.B, "1 when seqlens (varlen) is given")
-            if not self.seqlens or any(not isinstance(n, int) or n < 1 for n in self.seqlens):
+            if not self.seqlens or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.seqlens):
                 bad("seqlens", self.seqlens, "a non-empty tuple of positive ints")
             if sum(self.seqlens) != self.T:
                 bad("seqlens", self.seqlens, f"lengths summing to T={self.T}")
@@ -220,11 +249,11 @@ class Case:
                 kw["h0"] = True
             elif tok == "ht":
                 kw["ht"] = True
-            elif tok.startswith("lens"):
+            elif re.fullmatch(r"lens\d+(_\d+)*", tok):
                 kw["seqlens"] = tuple(int(x) for x in tok[4:].split("_"))
-            elif tok.startswith("seed"):
+            elif re.fullmatch(r"seed\d+", tok):
                 kw["seed"] = int(tok[4:])
-            elif re.fullmatch(r"s[0-9.e+]+", tok):
+            elif re.fullmatch(r"s(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", tok):
                 kw["scale"] = float(tok[1:])
             else:
                 raise CaseError(f"case id {case_id!r}: unknown token {tok!r}")
@@ -247,8 +276,6 @@ class Case:
         if missing:
             raise CaseError(f"case dict lacks required field(s) {sorted(missing)}")
         kw = {k: v for k, v in d.items() if k in fields}
-        if kw.get("seqlens") is not None:
-            kw["seqlens"] = tuple(kw["seqlens"])
         case = cls(**kw)
         if "id" in d and d["id"] != case.id:
             raise CaseError(f"case dict id {d['id']!r} does not match its fields (which give {case.id!r})")
