@@ -1,0 +1,79 @@
+"""Run manifests: what a run was meant to write, so that a missing record is seen.
+
+    DIR/manifest-<run_id>.json   kind "manifest": schema, run_id, writer ('parity run',
+        'pytest'), created, versions (oracle, tolerances), backends (record folder names),
+        cases ([{id, input_hash}], the hash null until the case ran), completed ([case_id,
+        backend] pairs whose record was written), finished (the run ended by itself) and
+        interrupted (SIGINT or SIGTERM).
+
+Every writer of records writes one: `parity run` before its first worker starts and again
+at the end, the pytest plugin at collection. `parity gate` checks every manifest under a
+directory against the records beside it: DIR/<backend>/<case_id>.json must exist and be a
+readable result record for each case and backend listed (parity.gate.load_checked).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from . import SCHEMA_VERSION
+from .records import RecordError, read_checked, write_json
+
+
+def manifest_path(out_dir: Path, run_id: str) -> Path:
+    return Path(out_dir) / f"manifest-{run_id}.json"
+
+
+def write_manifest(out_dir: Path, run_id: str, writer: str, case_ids: list[str], backends: list[str],
+                   input_hashes: dict[str, str] | None = None, completed=(), finished: bool = False,
+                   interrupted: bool = False) -> Path:
+    from references import ORACLE_VERSION
+
+    from .tol import TOL_VERSION
+    hashes = input_hashes or {}
+    path = manifest_path(out_dir, run_id)
+    write_json(path, {
+        "schema": SCHEMA_VERSION, "kind": "manifest", "run_id": run_id, "writer": writer,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": {"schema": SCHEMA_VERSION, "oracle": ORACLE_VERSION, "tol": TOL_VERSION},
+        "backends": list(backends), "cases": [{"id": c, "input_hash": hashes.get(c)} for c in case_ids],
+        "completed": sorted([list(p) for p in completed]), "finished": finished, "interrupted": interrupted,
+    })
+    return path
+
+
+def check_manifest(m, path: Path) -> dict:
+    """The manifest, or RecordError naming the file and the field."""
+    from cases import Case, CaseError
+
+    from .backends import NAME_RE
+
+    def bad(field, value, allowed):
+        raise RecordError(f"{path}: field {field}={str(value)[:80]!r} is invalid: expected {allowed}")
+
+    if not isinstance(m, dict) or m.get("kind") != "manifest":
+        bad("kind", m.get("kind") if isinstance(m, dict) else m, "'manifest'")
+    if m.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema {m.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
+    backends = m.get("backends")
+    if not isinstance(backends, list) or not all(isinstance(b, str) and NAME_RE.fullmatch(b) for b in backends):
+        bad("backends", backends, "a list of backend names")
+    cases = m.get("cases")
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cases):
+        bad("cases", cases, "a list of {id, input_hash}")
+    for c in cases:
+        try:
+            Case.from_id(c["id"])
+        except CaseError as e:
+            bad("cases", c["id"], f"case ids ({e})")
+    return m
+
+
+def find_manifests(d: Path) -> list[tuple[Path, dict]]:
+    """Every manifest under `d` (any depth), checked; RecordError on a bad one."""
+    return [(p, check_manifest(read_checked(p), p)) for p in sorted(Path(d).rglob("manifest-*.json")) if p.is_file()]
+
+
+def expected_records(path: Path, m: dict) -> list[tuple[str, str, Path]]:
+    """(case_id, backend, record path) for everything the manifest at `path` lists."""
+    return [(c["id"], b, path.parent / b / f"{c['id']}.json") for c in m["cases"] for b in m["backends"]]
