@@ -81,14 +81,22 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict[st
                 raise GateRefusal(f"{d}: no manifest (manifest-*.json) says which cases it should hold; "
                                   "`parity run` and the pytest plugin write one (--allow-partial to gate its records anyway)")
             root = Path(d).resolve()
-            used |= {p for p in found if root in p.parents}
+            for p in found:
+                if root in p.parents and Case.from_dict(found[p]["case"]).id == found[p]["case_id"]:
+                    used.add(p)
+                elif root in p.parents:
+                    skipped.append(f"{p}: case_id {found[p]['case_id']!r} is not the id of its case")
         for mpath, m in manifests:
             for case_id, backend, rpath in expected_records(mpath, m):
                 rpath = rpath.resolve()
-                if rpath in found:
-                    used.add(rpath)
-                else:
+                if rpath not in found:
                     missing.append(f"{case_id} [{backend}] ({mpath.name})")
+                    continue
+                rec = found[rpath]
+                if (rec["case_id"], rec["backend"]) != (case_id, backend) or Case.from_dict(rec["case"]).id != case_id:
+                    raise GateRefusal(f"{rpath}: holds case {rec['case_id']!r} [{rec['backend']}], "
+                                      f"not {case_id!r} [{backend}] as its place and manifest say")
+                used.add(rpath)
     if missing and not allow_partial:
         raise GateRefusal(f"{len(missing)} record(s) a manifest lists are missing, e.g. {'; '.join(missing[:3])} "
                           "(--allow-partial to gate the others)")
