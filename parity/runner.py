@@ -134,7 +134,7 @@ def build_backends(specs: list[str]) -> dict:
     """spec -> backend, or the exception that creating it raised (recorded per case)."""
     out = LazyBackends()
     for spec in specs:
-        out[spec]
+        out[spec]  # built now
     return out
 
 
@@ -182,7 +182,7 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
     return records, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall}
 
 
-def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
+def _worker_main(conn, out_dir: str, run_id: str) -> None:
     """Runs cases sent over `conn`; reports ('inputs', case_id, input_hash), ('start', case_id, spec),
     ('done', line), ('case', case_id, timing), or ('crash', case_id, error) when the harness
     itself failed on the case. Backends are built lazily, inside a case's timed window."""
@@ -201,7 +201,8 @@ def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
                                  on_done=lambda line: conn.send(("done", line)),
                                  on_inputs=lambda h: conn.send(("inputs", case.id, h)))
         except Exception as e:  # noqa: BLE001 - the parent records it for the backends left
-            conn.send(("crash", case.id, f"harness error in the worker: {type(e).__name__}: {str(e)[:500]}"))
+            conn.send(("crash", case.id, f"harness error in the worker: {type(e).__name__}: {str(e)[:500]}\n"
+                                         + traceback.format_exc(limit=-4)))
             return
         conn.send(("case", case.id, timing))
 
@@ -210,7 +211,7 @@ def _worker_main(conn, specs: list[str], out_dir: str, run_id: str) -> None:
 class _Worker:
     def __init__(self, ctx, cfg: RunConfig):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, cfg.backends, str(cfg.out_dir), cfg.run_id), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, str(cfg.out_dir), cfg.run_id), daemon=True)
         self.proc.start()
         child.close()
         self.case: Case | None = None
@@ -279,10 +280,13 @@ def _on_sigterm(signum, frame):
 
 
 def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
-    """.tmp-<pid>-* files of the given processes (a killed worker's half-written record)."""
-    for p in Path(out_dir).rglob(".tmp-*"):
-        if any(p.name.startswith(f".tmp-{pid}-") for pid in pids):
-            p.unlink(missing_ok=True)
+    """.tmp-<pid>-* files of the given processes (a killed worker's half-written record or
+    oracle cache entry)."""
+    from .backends.oracle import cache_dir
+    for d in (Path(out_dir), cache_dir()):
+        for p in d.rglob(".tmp-*") if d.is_dir() else ():
+            if any(p.name.startswith(f".tmp-{pid}-") for pid in pids):
+                p.unlink(missing_ok=True)
 
 
 def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
