@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import SCHEMA_VERSION
-from .records import RecordError, read_checked, write_json
+from .records import RecordError, field_error, read_checked, write_json
 
 
 def manifest_path(out_dir: Path, run_id: str) -> Path:
@@ -49,7 +49,7 @@ def check_manifest(m, path: Path) -> dict:
     from .backends import NAME_RE
 
     def bad(field, value, allowed):
-        raise RecordError(f"{path}: field {field}={str(value)[:80]!r} is invalid: expected {allowed}")
+        field_error(path, field, value, allowed)
 
     if not isinstance(m, dict) or m.get("kind") != "manifest":
         bad("kind", m.get("kind") if isinstance(m, dict) else m, "'manifest'")

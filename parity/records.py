@@ -193,6 +193,11 @@ _COUNT_KEYS = ("nan", "inf", "oracle_nonfinite", "nonfinite")
 _GRID_KEYS = ("profile", "heatmap", "row_heatmap", "sequences")
 
 
+def field_error(path, field: str, value, allowed: str):
+    """Raise the RecordError of a bad field: the file, the field, its value, what is allowed."""
+    raise RecordError(f"{path}: field {field}={str(value)[:80]!r} is invalid: expected {allowed}")
+
+
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -213,7 +218,7 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
     from .backends.base import SIDES, STATUSES
 
     def bad(field, value, allowed):
-        raise RecordError(f"{path}: field {field}={str(value)[:80]!r} is invalid: expected {allowed}")
+        field_error(path, field, value, allowed)
 
     if rec.get("schema") != SCHEMA_VERSION:
         raise RecordError(f"{path}: schema {rec.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
