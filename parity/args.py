@@ -86,3 +86,11 @@ def output_dir(s: str) -> Path:
         _refuse(s, f"a writable directory ({probe} is not writable)")
     return p
 
+
+def output_file(s: str) -> Path:
+    """A file to write: not a directory, in a directory output_dir accepts."""
+    p = Path(s)
+    if not s or p.is_dir():
+        _refuse(s, "a file path (not a directory)")
+    output_dir(str(p.parent))
+    return p

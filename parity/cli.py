@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
     sp.add_argument("dirs", nargs="+")
     sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
-    sp.add_argument("--out", help="where to write gate.json (default DIR/gate.json)")
+    sp.add_argument("--out", type=check.output_file, help="where to write gate.json (default DIR/gate.json)")
     sp.add_argument("--allow-partial", action="store_true",
                     help="gate the readable records even when a manifest's records are missing or a file is unreadable "
                          "(listed in the summary); for people who know what they merge")
@@ -329,13 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("report", help="write the HTML report")
     sp.add_argument("dirs", nargs="+")
-    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("-o", "--output", type=check.output_file, required=True)
     sp.set_defaults(fn=cmd_report)
     sp = sub.add_parser("repro", help="write one case's inputs, oracle and a standalone script that reruns it")
     sp.add_argument("case_id")
     sp.add_argument("--backend", default="pallas", help="pallas, pallas-fused or fla (default pallas)")
     sp.add_argument("--candidate", help="NAME=FRAMEWORK:MODULE:FUNCTION instead of a built-in kernel")
-    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("-o", "--output", type=check.output_dir, required=True)
     _limits(sp)
     sp.set_defaults(fn=cmd_repro)
     return p

@@ -87,6 +87,7 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict[st
                 elif root in p.parents:
                     skipped.append(f"{p}: case_id {found[p]['case_id']!r} is not the id of its case")
         for mpath, m in manifests:
+            hashes = {c["id"]: c.get("input_hash") for c in m["cases"]}
             for case_id, backend, rpath in expected_records(mpath, m):
                 rpath = rpath.resolve()
                 if rpath not in found:
@@ -96,6 +97,9 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict[st
                 if (rec["case_id"], rec["backend"]) != (case_id, backend) or Case.from_dict(rec["case"]).id != case_id:
                     raise GateRefusal(f"{rpath}: holds case {rec['case_id']!r} [{rec['backend']}], "
                                       f"not {case_id!r} [{backend}] as its place and manifest say")
+                if hashes.get(case_id) and rec["input_hash"] != hashes[case_id]:
+                    raise GateRefusal(f"{rpath}: input_hash {str(rec['input_hash'])[:16]} differs from the one its "
+                                      f"manifest {mpath.name} recorded ({hashes[case_id][:16]})")
                 used.add(rpath)
     if missing and not allow_partial:
         raise GateRefusal(f"{len(missing)} record(s) a manifest lists are missing, e.g. {'; '.join(missing[:3])} "

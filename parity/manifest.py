@@ -9,7 +9,8 @@
 Every writer of records writes one: `parity run` before its first worker starts and again
 at the end, the pytest plugin at collection. `parity gate` checks every manifest under a
 directory against the records beside it: DIR/<backend>/<case_id>.json must exist and be a
-readable result record for each case and backend listed (parity.gate.load_checked).
+readable result record of that case and backend for each one listed, with the input hash
+the manifest recorded (parity.gate.load_checked).
 """
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ def check_manifest(m, path: Path) -> dict:
     if not isinstance(backends, list) or not all(isinstance(b, str) and NAME_RE.fullmatch(b) for b in backends):
         bad("backends", backends, "a list of backend names")
     cases = m.get("cases")
-    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in cases):
-        bad("cases", cases, "a list of {id, input_hash}")
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str)
+                                              and isinstance(c.get("input_hash"), (str, type(None))) for c in cases):
+        bad("cases", cases, "a list of {id, input_hash: a string or null}")
     for c in cases:
         try:
             Case.from_id(c["id"])

@@ -160,6 +160,19 @@ def test_1_a_record_moved_to_another_case_is_refused(tmp_path, records, capsys):
     refused(rc, err, "holds case", TINY.id)
 
 
+def test_1_records_whose_inputs_differ_from_the_manifest_are_refused(tmp_path, records, capsys):
+    from parity.manifest import write_manifest
+    d = gate_dir(tmp_path / "d", records)
+    write_manifest(d, "hashed", "test", list(records), ["fla", "pallas"],
+                   {cid: recs["fla"]["input_hash"] for cid, recs in records.items()})
+    assert cli(["gate", d], capsys)[0] == 0
+    for b in ("fla", "pallas"):   # both sides agree, so only the manifest can tell
+        p = result_path(d, b, TINY.id)
+        p.write_text(json.dumps({**read_json(p), "input_hash": "0" * 64}))
+    rc, _, err = cli(["gate", d], capsys)
+    refused(rc, err, "input_hash 0000000000000000 differs from the one its manifest manifest-hashed.json recorded")
+
+
 def test_1_a_candidate_ok_with_no_tensors_fails(tmp_path, records, capsys):
     empty = {**records[TINY.id]["pallas"], "tensors": {}}
     rc, out, _ = cli(["gate", gate_dir(tmp_path / "d", records, {(TINY.id, "pallas"): empty})], capsys)
@@ -409,6 +422,10 @@ def test_7_an_output_that_is_a_file_is_refused_before_any_worker(tmp_path, capsy
     for out, words in ((f, ["--out", "this path is a file"]), (f / "sub", ["--out", "is a file"])):
         rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", "--out", out], capsys)
         refused(rc, err, *words)
+    for argv in (["gate", tmp_path, "--out", f / "gate.json"], ["report", tmp_path, "-o", f / "r.html"],
+                 ["report", tmp_path, "-o", tmp_path], ["repro", TINY.id, "-o", f]):
+        rc, _, err = cli(argv, capsys)
+        refused(rc, err, "argument", "expected")
 
 
 @pytest.mark.parametrize("token", ["seedx", "lensx_y", "s1.2.3"])
