@@ -267,7 +267,7 @@ def _failure_line(case: Case, spec: str, status: str, error: str, cfg: RunConfig
     try:
         rec = write_record(result_path(cfg.out_dir, name, case.id), rec)
     except OSError as e:
-        rec["error"] = f"{error} (and the record could not be written: {e})"
+        return {**_summary_line({**rec, "error": f"the record could not be written ({e}); {error}"}), "written": False}
     return _summary_line(rec)
 
 
@@ -415,7 +415,7 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     write_json(cfg.out_dir / "summary.json", encode_nonfinite(summary)[0])
     write_manifest(cfg.out_dir, cfg.run_id, "parity run", [c.id for c in cases], names,
                    {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
-                   {(ln["case_id"], ln["backend"]) for ln in lines}, finished=interrupted is None,
+                   {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)}, finished=interrupted is None,
                    interrupted=interrupted is not None)
     return summary
 

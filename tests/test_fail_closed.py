@@ -232,6 +232,19 @@ def test_2_a_dying_worker_or_an_overflowing_metric_loses_no_case(faulty_run):
     assert manifest["finished"] and len(manifest["completed"]) == 6
 
 
+def test_2_a_harness_error_in_a_worker_costs_only_that_record_and_the_parent_does_not_raise(tmp_path, plants):
+    (tmp_path / "huge").write_text("a file where the candidate's record folder goes")
+    summary = run_cases([TINY], RunConfig(out_dir=tmp_path, backends=["oracle", "huge=jax:fc_plants:huge"], timeout_s=60,
+                                          progress=False))
+    lines = {ln["backend"]: ln for ln in summary["results"]}
+    assert lines["oracle"]["status"] == "ok" and lines["huge"]["status"] == "error"
+    assert "harness error in the worker: FileExistsError" in lines["huge"]["error"]
+    assert lines["huge"]["error"].startswith("the record could not be written ([Errno 17] File exists")
+    manifest = read_json(next(tmp_path.glob("manifest-*.json")))
+    assert manifest["completed"] == [[TINY.id, "oracle"]] and manifest["finished"]
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
 def test_2_a_record_that_cannot_be_serialised_becomes_an_error_record(tmp_path, records):
     rec = {**records[TINY.id]["pallas"], "notes": {"handle": object()}}
     written = write_record(tmp_path / "r.json", rec)
