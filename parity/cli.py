@@ -12,9 +12,8 @@
 
 Exit codes, the same for every command: 0 pass, 1 a parity failure (a failing gate; for
 `parity run` without a reference and a candidate to gate, an oracle or candidate record
-that is not a pass),
-2 refused input, 3 an internal error of the harness; 130 / 143 when SIGINT / SIGTERM
-ended a run (what finished is kept and summarised).
+that is not a pass), 2 refused input, 3 an internal error of the harness; 130 / 143 when
+SIGINT / SIGTERM ended a run (what finished is kept and summarised).
 Refused input (unknown suite, op, backend, bad candidate spec or module, a case field of
 the wrong type, a case over the size limit, a bad -j / --timeout / --bound-factor /
 --shard / --backends / --out, an unreadable or malformed record) -> one line on stderr
