@@ -127,3 +127,11 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.write_line(text)
     if not ok and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+def pytest_collection_finish(session):
+    """The manifest of what the selected parity tests will write (parity gate refuses what is missing)."""
+    from parity.pytest_support import write_session_manifests
+    opt = session.config.getoption
+    write_session_manifests(session.items, opt("candidate"), Path(opt("report_dir")), os.environ["PARITY_RUN_ID"],
+                            _tpu_targets(opt("tpu_targets")))

@@ -12,7 +12,9 @@ Its id is readable and round-trips:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from numbers import Real
 from typing import Any
 
 OPS = ("simple_gla", "gla", "kda")
@@ -39,6 +41,10 @@ class CaseError(ValueError):
     """A case field is invalid; the message names the field and the allowed values."""
 
 
+def _bad(field: str, value, allowed: str):
+    raise CaseError(f"Case.{field}={value!r} is invalid: expected {allowed}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     op: str
@@ -59,6 +65,7 @@ class Case:
     direction: str = "fwdbwd"
 
     def __post_init__(self):
+        self._check_types()
         # normalise containers so that equal cases compare and hash equal
         # (parameters equal to their default are dropped: one case, one id)
         params = dict(self.gate_params)
@@ -72,52 +79,72 @@ class Case:
         self.validate()
 
     # ---------------------------------------------------------------- validation
-    def validate(self) -> None:
-        def bad(field, value, allowed):
-            raise CaseError(f"Case.{field}={value!r} is invalid: expected {allowed}")
+    def _check_types(self) -> None:
+        """Types before normalisation: bools are bools, numbers finite numbers, strings strings
+        (JSON's "false" or "0.5" is refused, never coerced)."""
+        for f in ("op", "dtype", "gate", "direction"):
+            if not isinstance(getattr(self, f), str):
+                _bad(f, getattr(self, f), "a string")
+        for f in ("B", "T", "H", "K", "V", "chunk_size", "seed"):
+            val = getattr(self, f)
+            if not isinstance(val, int) or isinstance(val, bool):
+                _bad(f, val, "an int")
+        for f in ("h0", "ht"):
+            if not isinstance(getattr(self, f), bool):
+                _bad(f, getattr(self, f), "true or false (a bool)")
+        if self.scale is not None and (not isinstance(self.scale, Real) or isinstance(self.scale, bool)
+                                       or not math.isfinite(self.scale)):
+            _bad("scale", self.scale, "None (K**-0.5) or a finite positive number")
+        gp = self.gate_params
+        pairs = gp.items() if isinstance(gp, dict) else gp if isinstance(gp, (tuple, list)) else None
+        if pairs is None or not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+            _bad("gate_params", gp, "a mapping of parameter name to int")
+        if self.seqlens is not None and not isinstance(self.seqlens, (tuple, list)):
+            _bad("seqlens", self.seqlens, "null or a list of positive ints")
 
+    def validate(self) -> None:
         if self.op not in OPS:
-            bad("op", self.op, f"one of {list(OPS)}")
+            _bad("op", self.op, f"one of {list(OPS)}")
         for f in ("B", "T", "H", "K", "V"):
             val = getattr(self, f)
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                bad(f, val, "a positive int")
+                _bad(f, val, "a positive int")
         if self.K > 256 or self.V > 256:
-            bad("K" if self.K > 256 else "V", max(self.K, self.V), "at most 256")
+            _bad("K" if self.K > 256 else "V", max(self.K, self.V), "at most 256")
         if self.dtype not in DTYPES:
-            bad("dtype", self.dtype, f"one of {list(DTYPES)}")
+            _bad("dtype", self.dtype, f"one of {list(DTYPES)}")
         if self.chunk_size not in CHUNK_SIZES:
-            bad("chunk_size", self.chunk_size, f"one of {list(CHUNK_SIZES)}")
+            _bad("chunk_size", self.chunk_size, f"one of {list(CHUNK_SIZES)}")
         if self.gate not in GATES:
-            bad("gate", self.gate, f"one of {list(GATES)}")
+            _bad("gate", self.gate, f"one of {list(GATES)}")
         ops, defaults = GATES[self.gate]
         if self.op not in ops:
-            bad("gate", self.gate, f"a gate for op {self.op!r}: one of {[g for g, (o, _) in GATES.items() if self.op in o]}")
+            _bad("gate", self.gate, f"a gate for op {self.op!r}: one of {[g for g, (o, _) in GATES.items() if self.op in o]}")
         for k, v in self.gate_params:
             if k not in defaults:
-                bad("gate_params", k, f"parameters of {self.gate!r}: {list(defaults)}")
+                _bad("gate_params", k, f"parameters of {self.gate!r}: {list(defaults)}")
             if not isinstance(v, int) or isinstance(v, bool):
-                bad("gate_params", {k: v}, "int values")
+                _bad("gate_params", {k: v}, "int values")
         p = self.gate_kwargs
         if self.gate == "gamma_alibi" and not (p["layers"] >= 1 and 0 <= p["layer"] < p["layers"]):
-            bad("gate_params", p, "0 <= layer < layers")
+            _bad("gate_params", p, "0 <= layer < layers")
         if self.gate == "g_logsig" and p["norm"] < 1:
-            bad("gate_params", p, "norm >= 1")
+            _bad("gate_params", p, "norm >= 1")
         if self.gate.endswith("stress") and p["mag"] <= 0:
-            bad("gate_params", p, "mag > 0")
+            _bad("gate_params", p, "mag > 0")
         if self.scale is not None and not self.scale > 0:
-            bad("scale", self.scale, "None (K**-0.5) or a positive float")
+            _bad("scale", self.scale, "None (K**-0.5) or a positive float")
         if self.seqlens is not None:
             if self.B != 1:
-                bad("B", self.B, "1 when seqlens (varlen) is given")
-            if not self.seqlens or any(not isinstance(n, int) or n < 1 for n in self.seqlens):
-                bad("seqlens", self.seqlens, "a non-empty tuple of positive ints")
+                _bad("B", self.B, "1 when seqlens (varlen) is given")
+            if not self.seqlens or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.seqlens):
+                _bad("seqlens", self.seqlens, "a non-empty tuple of positive ints")
             if sum(self.seqlens) != self.T:
-                bad("seqlens", self.seqlens, f"lengths summing to T={self.T}")
+                _bad("seqlens", self.seqlens, f"lengths summing to T={self.T}")
         if self.direction not in DIRECTIONS:
-            bad("direction", self.direction, f"one of {list(DIRECTIONS)}")
+            _bad("direction", self.direction, f"one of {list(DIRECTIONS)}")
         if not isinstance(self.seed, int) or self.seed < 0:
-            bad("seed", self.seed, "a non-negative int")
+            _bad("seed", self.seed, "a non-negative int")
 
     # ---------------------------------------------------------------- derived
     @property
@@ -220,11 +247,11 @@ class Case:
                 kw["h0"] = True
             elif tok == "ht":
                 kw["ht"] = True
-            elif tok.startswith("lens"):
+            elif re.fullmatch(r"lens\d+(_\d+)*", tok):
                 kw["seqlens"] = tuple(int(x) for x in tok[4:].split("_"))
-            elif tok.startswith("seed"):
+            elif re.fullmatch(r"seed\d+", tok):
                 kw["seed"] = int(tok[4:])
-            elif re.fullmatch(r"s[0-9.e+]+", tok):
+            elif re.fullmatch(r"s(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", tok):
                 kw["scale"] = float(tok[1:])
             else:
                 raise CaseError(f"case id {case_id!r}: unknown token {tok!r}")
@@ -247,8 +274,6 @@ class Case:
         if missing:
             raise CaseError(f"case dict lacks required field(s) {sorted(missing)}")
         kw = {k: v for k, v in d.items() if k in fields}
-        if kw.get("seqlens") is not None:
-            kw["seqlens"] = tuple(kw["seqlens"])
         case = cls(**kw)
         if "id" in d and d["id"] != case.id:
             raise CaseError(f"case dict id {d['id']!r} does not match its fields (which give {case.id!r})")

@@ -26,7 +26,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .case import Case
+from .case import Case, CaseError
 
 STORAGE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                   "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -122,6 +122,33 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
     if case.seqlens is not None:
         out["cu_seqlens"] = np.asarray(case.cu_seqlens, dtype=np.int64)
     return out
+
+
+# The largest case the harness accepts, counted over every input make_inputs draws (the
+# float64 draw of the largest suite, `full`, is 0.67e9 elements, 5.4 GB); `parity run
+# --max-elements / --max-bytes` override them.
+MAX_INPUT_ELEMENTS = 2 ** 30
+MAX_INPUT_BYTES = 8 * 2 ** 30
+
+
+def input_size(case: Case) -> tuple[int, int]:
+    """(elements, bytes) of the case's inputs as make_inputs_f64 draws them (float64)."""
+    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
+    n = B * T * H * (2 * K + V)
+    n += H if case.uses_g_gamma else B * T * H * (1 if case.op == "simple_gla" else K)
+    n += B * T * H if case.op == "kda" else 0
+    n += N * H * K * V if case.h0 else 0
+    if case.backward:
+        n += B * T * H * V + (N * H * K * V if case.ht else 0)
+    return n, 8 * n
+
+
+def check_size(case: Case, max_elements: int = MAX_INPUT_ELEMENTS, max_bytes: int = MAX_INPUT_BYTES) -> None:
+    """CaseError when the case's inputs exceed the limits (before anything is allocated)."""
+    n, nbytes = input_size(case)
+    if n > max_elements or nbytes > max_bytes:
+        raise CaseError(f"case {case.id}: inputs of {n} elements ({nbytes} bytes in float64) exceed the limit of "
+                        f"{max_elements} elements and {max_bytes} bytes (--max-elements, --max-bytes)")
 
 
 def input_hash(inputs: dict[str, np.ndarray]) -> str:

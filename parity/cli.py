@@ -12,8 +12,15 @@
     parity report    DIR [DIR ...] -o FILE.html
     parity repro     CASE_ID [--backend pallas | --candidate SPEC] -o DIR
 
-Bad input (unknown suite, op, backend, candidate spec, import failure) -> one line on
-stderr and exit 2 before any case runs.
+Exit codes, the same for every command: 0 pass, 1 a parity failure (a failing gate; for
+`parity run` without a reference and a candidate to gate, an oracle or candidate record
+that is not a pass), 2 refused input, 3 an internal error of the harness; 130 / 143 when
+SIGINT / SIGTERM ended a run (what finished is kept and summarised).
+Refused input (unknown suite, op, backend, bad candidate spec or module, a case field of
+the wrong type, a case over the size limit, a bad -j / --timeout / --bound-factor /
+--shard / --backends / --out, an unreadable or malformed record) -> one line on stderr
+naming the field and the allowed values, exit 2, before any case runs. An internal error
+-> its traceback in a log file and one line pointing at it, exit 3.
 """
 from __future__ import annotations
 
@@ -21,9 +28,15 @@ import argparse
 import json
 import os
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
-from cases import OPS, Case, CaseError, get_suite, load_cases_file
+from cases import OPS, Case, CaseError, check_size, get_suite, load_cases_file
+from cases.inputs import MAX_INPUT_BYTES, MAX_INPUT_ELEMENTS
+
+from . import args as check
 
 DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
 TPU_TARGETS = ("v4", "v5e", "v5p", "v6e", "tpu7x")  # parity.tpu_compile.TARGETS (kept import-free)
@@ -50,6 +63,8 @@ def _select_cases(a) -> list[Case]:
         if a.op not in OPS:
             raise UsageError(f"unknown op {a.op!r}: expected one of {list(OPS)}")
         cases = [c for c in cases if c.op == a.op]
+    for c in cases:
+        check_size(c, a.max_elements, a.max_bytes)
     return cases
 
 
@@ -62,18 +77,6 @@ def cmd_cases(a) -> int:
             print(c.id)
         print(f"{len(cases)} cases", file=sys.stderr)
     return 0
-
-
-def _parse_shard(s: str | None) -> tuple[int, int] | None:
-    if not s:
-        return None
-    try:
-        i, n = (int(x) for x in s.split("/"))
-    except ValueError:
-        raise UsageError(f"--shard {s!r}: expected I/N, e.g. 1/4") from None
-    if not (n >= 1 and 1 <= i <= n):
-        raise UsageError(f"--shard {s!r}: expected I/N with 1 <= I <= N")
-    return i, n
 
 
 def _print_table(summary: dict) -> None:
@@ -101,39 +104,63 @@ def _print_table(summary: dict) -> None:
           f"harness overhead {t['harness_overhead_s']:.1f} s" + (f" ({100 * overhead:.1f}% of case time)" if overhead is not None else ""))
 
 
+def _prepare_out(out: Path) -> Path:
+    """Create the output directory and prove it writable, before any worker starts."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise UsageError(f"--out {str(out)!r}: cannot write there: {e.strerror or e}") from None
+    return out
+
+
 def cmd_run(a) -> int:
-    from .backends import SpecError, check_specs
+    from .backends import SpecError, backend_name, check_specs_isolated
+    from .records import RecordError
     from .runner import RunConfig, run_cases, shard
     cases = _select_cases(a)
-    specs = [s for s in a.backends.split(",") if s] + list(a.candidate or [])
+    specs = list(a.backends) + list(a.candidate or [])
     try:
-        check_specs(specs)
+        check_specs_isolated(specs, a.timeout)
     except SpecError as e:
         raise UsageError(str(e)) from None
-    sh = _parse_shard(a.shard)
-    if sh:
-        cases = shard(cases, *sh)
+    if a.shard:
+        cases = shard(cases, *a.shard)
     if not cases:
         raise UsageError("no cases selected")
     targets = _targets(a)
-    out = Path(a.out or f"reports/{a.suite or 'run'}")
+    out = _prepare_out(a.out or Path(f"reports/{a.suite or 'run'}"))
     print(f"parity run: {len(cases)} cases x {len(specs)} backends -> {out}"
           + (f"; jax candidates compiled for TPU {','.join(targets)}" if targets else ""), file=sys.stderr)
     summary = run_cases(cases, RunConfig(out_dir=out, backends=specs, jobs=a.jobs, timeout_s=a.timeout,
                                          progress=not a.no_progress, tpu_targets=targets, numerics=a.tpu_numerics))
     _print_table(summary)
-    sides = {r["side"] for r in summary["results"] if r["status"] == "ok"}
+    if summary["interrupted"]:
+        done = len({r["case_id"] for r in summary["results"]})
+        print(f"parity run: interrupted by {summary['interrupted']}: records for {done} of {len(cases)} cases "
+              f"in {out}; the gate refuses this directory until the rest is run", file=sys.stderr)
+        return 130 if summary["interrupted"] == "SIGINT" else 143
+    sides = {"reference" if backend_name(s) == "fla" else "oracle" if s == "oracle" else "candidate" for s in specs}
     if {"reference", "candidate"} <= sides:
         from .gate import GateRefusal, format_summary, run_gate
         try:
-            print(format_summary(run_gate([out], a.bound_factor)))
+            result = run_gate([out], a.bound_factor)
+            print(format_summary(result))
+            rc = 0 if result["ok"] else 1
         except GateRefusal as e:
-            print(f"gate: not evaluated: {e}")
+            print(f"gate: refused: {e}")
+            rc = 2
+    else:  # no gate: the candidates' records on their tolerance, and the oracle (the reference's are findings)
+        rc = 0 if all(r["verdict"] in ("pass", "unsupported") for r in summary["results"] if r["side"] != "reference") else 1
     if not a.no_html:
-        page = _write_report([out], out / "index.html")
-        if page:
-            print(f"report: {page.resolve()}")
-    return 0
+        try:
+            page = _write_report([out], out / "index.html")
+            if page:
+                print(f"report: {page.resolve()}")
+        except RecordError as e:
+            print(f"report: not written: {e}", file=sys.stderr)
+            rc = rc or 2
+    return rc
 
 
 def _targets(a) -> tuple[str, ...]:
@@ -148,12 +175,12 @@ def cmd_compile(a) -> int:
     from .backends import SpecError, check_specs
     from .tpu_compile import compile_suite, format_compile_table
     cases = _select_cases(a)
-    specs = [s for s in a.backends.split(",") if s] + list(a.candidate or [])
+    specs = list(a.backends) + list(a.candidate or [])
     try:
         check_specs(specs)
     except SpecError as e:
         raise UsageError(str(e)) from None
-    bad = [s for s in specs if s in ("oracle", "fla")]
+    bad = [s for s in specs if s in ("oracle", "fla") or s.split("=", 1)[-1].startswith("torch:")]
     if bad:
         raise UsageError(f"--backends {bad[0]!r}: parity compile compiles jax candidates for TPU "
                          "(pallas, pallas-fused, mutant:NAME, --candidate NAME=jax|pallas:...)")
@@ -162,7 +189,7 @@ def cmd_compile(a) -> int:
     targets = _targets(a)
     if not targets or not cases:
         raise UsageError("nothing to compile: give --tpu-targets and at least one case")
-    out = Path(a.out or f"reports/compile-{a.suite or 'run'}")
+    out = _prepare_out(a.out or Path(f"reports/compile-{a.suite or 'run'}"))
     print(f"parity compile: {len(cases)} cases x {len(specs)} candidates x {len(targets)} TPU targets -> {out} "
           "(compiled on this host for TPU; nothing executes)", file=sys.stderr)
     records = compile_suite(cases, specs, targets, out, jobs=a.jobs)
@@ -218,7 +245,7 @@ def cmd_gate(a) -> int:
     from .gate import GateRefusal, format_summary, run_gate
     try:
         result = run_gate([Path(d) for d in a.dirs], a.bound_factor, Path(a.out) if a.out else None,
-                          allow_mixed_numerics=a.allow_mixed_numerics)
+                          allow_partial=a.allow_partial, allow_mixed_numerics=a.allow_mixed_numerics)
     except GateRefusal as e:
         print(f"parity gate: refused: {e}", file=sys.stderr)
         return 2
@@ -249,6 +276,8 @@ def cmd_calibrate(a) -> int:
 
 
 def cmd_report(a) -> int:
+    from .records import check_dirs
+    check_dirs([Path(d) for d in a.dirs])   # before the page's folder is made
     page = _write_report([Path(d) for d in a.dirs], Path(a.output))
     if page is None:
         print("parity report: the HTML report module is not available", file=sys.stderr)
@@ -262,6 +291,7 @@ def cmd_repro(a) -> int:
     from .repro import write_repro
     try:
         case = Case.from_id(a.case_id)
+        check_size(case, a.max_elements, a.max_bytes)
         spec = a.candidate or a.backend
         check_specs([spec])
         path = write_repro(case, spec, Path(a.output))
@@ -277,8 +307,22 @@ def tpu_options(sp) -> None:
                          "default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached")
 
 
+class Parser(argparse.ArgumentParser):
+    """Bad arguments: one line naming the argument and the allowed values, exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _limits(sp) -> None:
+    sp.add_argument("--max-elements", type=check.positive_int, default=MAX_INPUT_ELEMENTS,
+                    help=f"refuse a case whose inputs exceed this many elements (default {MAX_INPUT_ELEMENTS})")
+    sp.add_argument("--max-bytes", type=check.positive_int, default=MAX_INPUT_BYTES,
+                    help=f"refuse a case whose inputs exceed this many bytes in float64 (default {MAX_INPUT_BYTES})")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="parity", allow_abbrev=False, description="Parity harness for linear-attention kernels: "
+    p = Parser(prog="parity", allow_abbrev=False, description="Parity harness for linear-attention kernels: "
                                 "FLA Triton (GPU) vs JAX Pallas (TPU) vs a float64 oracle.")
     sub = p.add_subparsers(dest="cmd", required=True)
     add = sub.add_parser
@@ -290,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         if single:
             sp.add_argument("--case", action="append", help="a case id (repeatable)")
         sp.add_argument("--op", help="only this op: " + ", ".join(OPS))
+        _limits(sp)
 
     sp = sub.add_parser("cases", help="list a suite's case ids")
     selection(sp)
@@ -298,13 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="run cases through backends and write per-case reports")
     selection(sp, single=True)
-    sp.add_argument("--backends", default=DEFAULT_BACKENDS, help=f"comma-separated (default {DEFAULT_BACKENDS})")
+    sp.add_argument("--backends", type=check.backend_list, default=check.backend_list(DEFAULT_BACKENDS),
+                    help=f"comma-separated (default {DEFAULT_BACKENDS})")
     sp.add_argument("--candidate", action="append", help="NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK jax or torch (repeatable)")
-    sp.add_argument("--out", help="output directory (default reports/<suite>)")
-    sp.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
-    sp.add_argument("--shard", help="run shard I/N of the cases (1-based)")
-    sp.add_argument("--timeout", type=float, default=900.0, help="seconds per backend call before it is killed")
-    sp.add_argument("--bound-factor", type=float, default=1.0, help="eps_candidate <= F * eps_reference + floor")
+    sp.add_argument("--out", type=check.output_dir, help="output directory (default reports/<suite>)")
+    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")
+    sp.add_argument("--shard", type=check.shard, help="run shard I/N of the cases (1-based)")
+    sp.add_argument("--timeout", type=check.seconds, default=900.0,
+                    help="seconds a worker may spend on one backend of a case (its import included) before it is killed")
+    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0, help="eps_candidate <= F * eps_reference + floor")
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
     tpu_options(sp)
@@ -315,22 +362,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("compile", help="compile jax candidates for TPU targets with the real TPU compiler (no execution)")
     selection(sp, single=True)
-    sp.add_argument("--backends", default="pallas,pallas-fused", help="comma-separated jax candidates (default pallas,pallas-fused)")
+    sp.add_argument("--backends", type=check.backend_list, default=check.backend_list("pallas,pallas-fused"),
+                    help="comma-separated jax candidates (default pallas,pallas-fused)")
     sp.add_argument("--candidate", action="append", help="NAME=jax|pallas:MODULE:FUNCTION (repeatable)")
     sp.add_argument("--tpu-targets", default=None, help=f"comma-separated, from {list(TPU_TARGETS)} (default v5e,v6e,tpu7x)")
-    sp.add_argument("--out", help="output directory (default reports/compile-<suite>)")
-    sp.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
+    sp.add_argument("--out", type=check.output_dir, help="output directory (default reports/compile-<suite>)")
+    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")
     sp.add_argument("-v", "--verbose", action="store_true", help="print each kernel's MXU matmul passes per target")
     sp.set_defaults(fn=cmd_compile)
 
     sp = sub.add_parser("mutants", help="run the catalogue of mutant kernels and score what the harness catches")
     selection(sp, single=True)
-    sp.add_argument("--out", default="reports/mutants", help="output directory (default reports/mutants)")
+    sp.add_argument("--out", type=check.output_dir, default="reports/mutants", help="output directory (default reports/mutants)")
     sp.add_argument("--only", action="append", help="run only this mutant (repeatable)")
     sp.add_argument("--list", action="store_true", help="print the catalogue as JSON and exit")
-    sp.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
-    sp.add_argument("--timeout", type=float, default=900.0, help="seconds per backend call before it is killed")
-    sp.add_argument("--bound-factor", type=float, default=1.0)
+    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")
+    sp.add_argument("--timeout", type=check.seconds, default=900.0, help="seconds per backend call before it is killed")
+    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
     tpu_options(sp)
@@ -338,8 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
     sp.add_argument("dirs", nargs="+")
-    sp.add_argument("--bound-factor", type=float, default=1.0)
-    sp.add_argument("--out", help="where to write gate.json (default DIR/gate.json)")
+    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
+    sp.add_argument("--out", type=check.output_file, help="where to write gate.json (default DIR/gate.json)")
+    sp.add_argument("--allow-partial", action="store_true",
+                    help="gate the readable records even when a manifest's records are missing or a file is unreadable "
+                         "(listed in the summary); for people who know what they merge")
     sp.add_argument("--allow-mixed-numerics", action="store_true",
                     help="merge a candidate's records computed under different numerics models")
     sp.set_defaults(fn=cmd_gate)
@@ -351,27 +402,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("report", help="write the HTML report")
     sp.add_argument("dirs", nargs="+")
-    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("-o", "--output", type=check.output_file, required=True)
     sp.set_defaults(fn=cmd_report)
     sp = sub.add_parser("repro", help="write one case's inputs, oracle and a standalone script that reruns it")
     sp.add_argument("case_id")
     sp.add_argument("--backend", default="pallas", help="pallas, pallas-fused or fla (default pallas)")
     sp.add_argument("--candidate", help="NAME=FRAMEWORK:MODULE:FUNCTION instead of a built-in kernel")
-    sp.add_argument("-o", "--output", required=True)
+    sp.add_argument("-o", "--output", type=check.output_dir, required=True)
+    _limits(sp)
     sp.set_defaults(fn=cmd_repro)
     return p
 
 
+def _internal_error(a) -> str:
+    """Write the current exception's traceback to a log file (in the output directory when
+    there is one, else the temp directory); returns its path."""
+    text = f"parity {a.cmd} {' '.join(sys.argv[1:])}\n{traceback.format_exc()}"
+    name = f"parity-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for d in (getattr(a, "out", None), tempfile.gettempdir()):
+        if d and Path(d).is_dir():
+            try:
+                path = Path(d) / name
+                path.write_text(text)
+                return str(path)
+            except OSError:
+                continue
+    return "(could not be written)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .backends import SpecError
+    from .gate import GateRefusal
+    from .records import RecordError
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
-    except UsageError as e:
+    except (UsageError, CaseError, SpecError, RecordError) as e:
         print(f"parity {a.cmd}: {e}", file=sys.stderr)
+        return 2
+    except GateRefusal as e:
+        print(f"parity {a.cmd}: refused: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `parity cases | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"parity {a.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - exit 3 with a pointer, never a traceback that looks like a result
+        path = _internal_error(a)
+        print(f"parity {a.cmd}: internal error: {type(e).__name__}: {str(e)[:300]} (traceback in {path})", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -11,26 +11,32 @@ reference has NaN/Inf or failed to run: then it bounds nothing, the candidate mu
 meet its own tolerance, and the summary lists those pairs as "bound not enforced").
 
 The gate refuses (exit 2) to compare records whose schema, oracle version, tolerance
-version or input hash differ for a case, cases that lack a reference or a candidate, and a
-candidate whose records were computed under different numerics models (parity.tpu_numerics)
-unless allow_mixed_numerics.
-
-TPU compile records (parity.tpu_compile; `parity run --tpu-targets`, `parity compile`): a
-candidate that does not compile for a requested target fails with verdict compile-error
-(target and Mosaic's message); one whose compiled matmuls disagree with the numerics model
-fails with numerics-mismatch. The summary gives the compile matrix.
+version or input hash differ for a case, and cases that lack a reference or a candidate.
+It fails closed on what it cannot see (parity.manifest): it refuses a directory without a
+manifest, a case and backend a manifest lists with no readable record, and any unreadable
+or malformed *.json record; records no manifest lists are ignored (and counted).
+`allow_partial` (`--allow-partial`) gates what is readable instead and lists the rest.
+A candidate whose record says ok but that compared no tensor fails that case; one that
+compared no tensor on any case fails the gate ("unsupported everywhere").
+TPU compile records (parity.tpu_compile; `parity run --tpu-targets`, `parity compile`) are
+held to the manifests the same way: a run with TPU targets must have a compile record for
+every candidate record that ran, covering every target. A candidate that does not compile
+for a requested target fails with verdict compile-error (target and Mosaic's message); one
+whose compiled matmuls disagree with the numerics model fails with numerics-mismatch. The
+summary gives the compile matrix. The gate also refuses a candidate whose records were
+computed under different numerics models (parity.tpu_numerics) unless allow_mixed_numerics.
 Exit 0 when every check passes, 1 on any failure.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from cases import Case
 
 from . import SCHEMA_VERSION
 from .compare import bound, bound_localisation, describe_localisation
-from .records import iter_results, worst_verdict, write_json
+from .records import RecordError, iter_results, worst_verdict, write_json
 
 
 class GateRefusal(Exception):
@@ -38,15 +44,94 @@ class GateRefusal(Exception):
 
 
 def load(dirs: list[Path]) -> dict[str, dict[str, dict]]:
-    """case_id -> backend -> record; a later record of the same case and backend replaces an earlier one."""
+    """case_id -> backend -> record, every result record under `dirs` without the manifest
+    check (parity.mutants reads the run it just made); a later record of the same case and
+    backend replaces an earlier one. GateRefusal on an unreadable or malformed record."""
+    try:
+        return _newest(rec for _, rec in iter_results(dirs))
+    except RecordError as e:
+        raise GateRefusal(str(e)) from None
+
+
+def _newest(records) -> dict[str, dict[str, dict]]:
     by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    for path, rec in iter_results(dirs):
-        if rec.get("schema") != SCHEMA_VERSION:
-            raise GateRefusal(f"{path}: schema {rec.get('schema')!r}, this gate reads schema {SCHEMA_VERSION}")
+    for rec in records:
         prev = by_case[rec["case_id"]].get(rec["backend"])
         if prev is None or rec.get("created", "") >= prev.get("created", ""):
             by_case[rec["case_id"]][rec["backend"]] = rec
-    return by_case
+    return dict(by_case)
+
+
+def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, dict, dict]:
+    """(case_id -> backend -> result record, case_id -> backend -> compile record) of the
+    records the directories' manifests list, and what the gate could not see: {"missing":
+    [...], "skipped": [...], "ignored": n, "no_manifest": [...]}. GateRefusal on anything
+    unseen unless allow_partial (then every readable record counts)."""
+    from .manifest import expected_compiles, expected_records, find_manifests
+    skipped: list[str] | None = [] if allow_partial else None
+    try:
+        found = {p.resolve(): rec for p, rec in iter_results(dirs, skipped)}
+        found_compiles = {p.resolve(): rec for p, rec in iter_results(dirs, skipped, kind="compile")}
+    except RecordError as e:
+        raise GateRefusal(f"{e} (--allow-partial to gate the readable records only)") from None
+    used_compiles: set[Path] = set()
+    used: set[Path] = set()
+    missing, no_manifest = [], []
+    for d in dirs:
+        try:
+            manifests = find_manifests(Path(d))
+        except RecordError as e:
+            if not allow_partial:
+                raise GateRefusal(str(e)) from None
+            skipped.append(str(e))
+            manifests = []
+        if not manifests:
+            no_manifest.append(str(d))
+            if not allow_partial:
+                raise GateRefusal(f"{d}: no manifest (manifest-*.json) says which cases it should hold; "
+                                  "`parity run` and the pytest plugin write one (--allow-partial to gate its records anyway)")
+            root = Path(d).resolve()
+            for p in found:
+                if root in p.parents and Case.from_dict(found[p]["case"]).id == found[p]["case_id"]:
+                    used.add(p)
+                elif root in p.parents:
+                    skipped.append(f"{p}: case_id {found[p]['case_id']!r} is not the id of its case")
+            used_compiles |= {p for p in found_compiles if root in p.parents}
+        for mpath, m in manifests:
+            hashes = {c["id"]: c.get("input_hash") for c in m["cases"]}
+            for case_id, backend, rpath in expected_records(mpath, m):
+                rpath = rpath.resolve()
+                if rpath not in found:
+                    missing.append(f"{case_id} [{backend}] ({mpath.name})")
+                    continue
+                rec = found[rpath]
+                if (rec["case_id"], rec["backend"]) != (case_id, backend) or Case.from_dict(rec["case"]).id != case_id:
+                    raise GateRefusal(f"{rpath}: holds case {rec['case_id']!r} [{rec['backend']}], "
+                                      f"not {case_id!r} [{backend}] as its place and manifest say")
+                if hashes.get(case_id) and rec["input_hash"] != hashes[case_id]:
+                    raise GateRefusal(f"{rpath}: input_hash {str(rec['input_hash'])[:16]} differs from the one its "
+                                      f"manifest {mpath.name} recorded ({hashes[case_id][:16]})")
+                used.add(rpath)
+            for case_id, backend, cpath in expected_compiles(mpath, m, found):
+                rec = found_compiles.get(cpath.resolve())
+                if rec is None:
+                    missing.append(f"{case_id} [{backend}] TPU compile ({mpath.name})")
+                    continue
+                if (rec["case_id"], rec["backend"]) != (case_id, backend):
+                    raise GateRefusal(f"{cpath}: holds the compile of {rec['case_id']!r} [{rec['backend']}], "
+                                      f"not {case_id!r} [{backend}] as its place and manifest say")
+                absent = [t for t in m.get("tpu_targets") or [] if t not in rec["targets"]]
+                if absent:
+                    missing.append(f"{case_id} [{backend}] TPU compile for {', '.join(absent)} ({mpath.name})")
+                    continue
+                used_compiles.add(cpath.resolve())
+    if missing and not allow_partial:
+        raise GateRefusal(f"{len(missing)} record(s) a manifest lists are missing, e.g. {'; '.join(missing[:3])} "
+                          "(--allow-partial to gate the others)")
+    coverage = {"partial": allow_partial, "missing": missing, "skipped": skipped or [], "no_manifest": no_manifest,
+                "ignored": len(found) - len(used) + len(found_compiles) - len(used_compiles)}
+    return (_newest(found[p] for p in sorted(used)), _newest(found_compiles[p] for p in sorted(used_compiles)),
+            coverage)
 
 
 def load_compiles(dirs: list[Path]) -> dict[str, dict[str, dict]]:
@@ -155,6 +240,16 @@ def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference
                      "detail": (cand.get("error") or "").splitlines()[0][:200] if cand.get("error") else ""})
                 cases_out.append(entry)
                 continue
+            unseen = [n for n in Case.from_dict(cand["case"]).output_names() if n not in cand["tensors"]]
+            compared = [n for n, ct in cand["tensors"].items() if ct["verdict"] != "unsupported"]
+            if unseen or not compared:
+                detail = (f"record has no entry for {', '.join(unseen)}" if unseen
+                          else "status ok but no tensor compared")
+                entry.update(verdict="error", error=detail)
+                failures.append({"case_id": case_id, "candidate": cname, "tensor": None, "verdict": "error",
+                                 "detail": detail})
+                cases_out.append(entry)
+                continue
             for name, ct in cand["tensors"].items():
                 rt = ref.get("tensors", {}).get(name)
                 t = {"accuracy": ct["verdict"], "rel_rms": ct.get("rel_rms"), "max_abs": ct.get("max_abs"),
@@ -245,6 +340,13 @@ def format_summary(result: dict) -> str:
                      f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}")
     if result.get("compile"):
         lines.append(format_compile_summary(result["compile"]))
+    cov = result.get("coverage") or {}
+    if cov.get("partial"):
+        lines.append(f"  PARTIAL (--allow-partial): {len(cov['missing'])} listed records missing, {len(cov['skipped'])} "
+                     f"unreadable or malformed files skipped, {len(cov['no_manifest'])} directories without a manifest"
+                     + "".join(f"\n    not seen: {x}" for x in (cov["missing"] + cov["skipped"])[:5]))
+    if cov.get("ignored"):
+        lines.append(f"  ignored: {cov['ignored']} records that no manifest lists")
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
     return "\n".join(lines)
 
@@ -264,5 +366,29 @@ def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None,
     if not by_case and not compiles:
         raise GateRefusal(f"no result records under {', '.join(map(str, dirs))}")
     result = evaluate(by_case, factor, compiles=compiles, allow_mixed_numerics=allow_mixed_numerics)
+def compared_nothing(result: dict) -> list[dict]:
+    """A failure for every candidate that compared no tensor on any case (and compiled nothing
+    for TPU): nothing was shown to be as accurate as the reference, so it cannot pass."""
+    seen: dict[str, bool] = {}
+    for c in result["cases"]:
+        seen[c["candidate"]] = seen.get(c["candidate"], False) or "compile" in c or any(
+            t["verdict"] != "unsupported" for t in c["tensors"].values())
+    n = Counter(c["candidate"] for c in result["cases"])
+    return [{"case_id": "*", "candidate": cand, "tensor": None, "verdict": "unsupported",
+             "detail": f"unsupported everywhere: compared no tensor on any of its {n[cand]} cases"}
+            for cand, any_compared in sorted(seen.items()) if not any_compared]
+
+
+def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None, allow_partial: bool = False,
+             allow_mixed_numerics: bool = False) -> dict:
+    """Load (load_checked), evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
+    by_case, compiles, coverage = load_checked(dirs, allow_partial)
+    if not by_case and not compiles:
+        raise GateRefusal(f"no result records under {', '.join(map(str, dirs))}")
+    result = evaluate(by_case, factor, compiles=compiles, allow_mixed_numerics=allow_mixed_numerics)
+    nothing = compared_nothing(result)
+    result["failures"] += nothing
+    result["ok"] = result["ok"] and not nothing
+    result["coverage"] = coverage
     write_json(Path(out) if out else Path(dirs[0]) / "gate.json", result)
     return result

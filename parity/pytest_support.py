@@ -122,6 +122,29 @@ def check_case(case: Case, mode: str, candidates: list[str], report_dir: Path, r
     return problems, no_kernel, reference_findings(case, by_backend)
 
 
+def write_session_manifests(items, candidates: list[str], report_dir: Path, run_id: str,
+                            tpu_targets: tuple[str, ...] = ()) -> list[Path]:
+    """One manifest per marker (parity.manifest) listing the cases and backends the selected
+    parity tests are meant to write under report_dir, so that `parity gate` refuses the
+    directory when a test was skipped or never ran. Written at collection (each xdist worker
+    writes the same file)."""
+    from .backends import backend_name
+    from .manifest import write_manifest
+    by_mode: dict[str, list[str]] = {}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("parity_case") if callspec else None
+        mode = next((m for m in MODE_BACKENDS if item.get_closest_marker(m)), None)
+        if isinstance(case, Case) and mode:
+            by_mode.setdefault(mode, []).append(case.id)
+    paths = []
+    for mode, ids in by_mode.items():
+        specs = MODE_BACKENDS[mode] + ([] if mode == "gpu" else list(candidates))
+        paths.append(write_manifest(report_dir, f"{run_id}-{mode}", "pytest", list(dict.fromkeys(ids)),
+                                    [backend_name(s) for s in specs], tpu_targets=() if mode == "gpu" else tpu_targets))
+    return paths
+
+
 def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, bool | None]:
     """Gate over this session's records: (text, ok) with ok None when there is nothing to gate."""
     from collections import defaultdict
@@ -137,7 +160,7 @@ def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, boo
         return "parity gate: no results in this session", None
     try:
         result = evaluate(dict(by_case), factor, compiles=dict(compiles))
-    except GateRefusal as e:
-        return f"parity gate: not evaluated ({e})", None
+    except GateRefusal as e:  # what the gate cannot compare is never a pass
+        return f"parity gate: refused: {e}", False
     write_json(Path(report_dir) / "gate.json", result)
     return format_summary(result), result["ok"]

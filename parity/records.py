@@ -7,11 +7,17 @@
                                    (parity.tpu_compile), per target ok or Mosaic's error
     DIR/summary.json               kind "run": what ran, where, how long, one line per result
     DIR/gate.json                  kind "gate": the merged TPU <= GPU verdicts (parity.gate)
-Every record carries SCHEMA_VERSION; readers refuse other versions.
+    DIR/manifest-<run_id>.json     kind "manifest": what a run was meant to write (parity.manifest)
+Every record carries SCHEMA_VERSION; readers refuse other versions. A reader refuses
+(RecordError) a file it cannot parse and a result record whose fields do not have the
+types below, rather than skipping it: what the gate did not see is never a pass.
+Non-finite floats are written as null and their paths listed in "encoded_nonfinite"; a
+record that cannot be serialised at all is written as an error record saying why.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import socket
@@ -32,14 +38,80 @@ def worst_verdict(verdicts) -> str:
     return min(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
 
 
+class RecordError(ValueError):
+    """A file under a run directory that cannot be read, or a record of the wrong shape;
+    the message names the file and the field."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Atomic write: a reader never sees half a file."""
+    """Atomic write: a reader never sees half a file, and no .tmp-* file stays behind
+    (the text is serialised before the temporary file exists). Mode as open() would give."""
     path = Path(path)
+    text = json.dumps(obj, indent=1, allow_nan=False, default=_jsonable)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1, allow_nan=False, default=_jsonable)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=".json")
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def encode_nonfinite(obj: Any, path: str = "") -> tuple[Any, list[str]]:
+    """obj with every NaN/Inf float replaced by None, and the paths replaced."""
+    if isinstance(obj, float) or (hasattr(obj, "dtype") and getattr(obj, "shape", None) == ()):
+        v = _jsonable(obj) if not isinstance(obj, float) else obj
+        if isinstance(v, float) and not math.isfinite(v):
+            return None, [path]
+        return v, []
+    if isinstance(obj, dict):
+        out, paths = {}, []
+        for k, v in obj.items():
+            out[k], p = encode_nonfinite(v, f"{path}.{k}" if path else str(k))
+            paths += p
+        return out, paths
+    if isinstance(obj, (list, tuple)):
+        out, paths = [], []
+        for i, v in enumerate(obj):
+            e, p = encode_nonfinite(v, f"{path}[{i}]")
+            out.append(e)
+            paths += p
+        return out, paths
+    return obj, []
+
+
+def write_record(path: Path, rec: dict) -> dict:
+    """Write a result record: non-finite metrics encoded (null, listed in encoded_nonfinite);
+    a record that still cannot be serialised becomes an error record saying why. Returns
+    what was written."""
+    rec, paths = encode_nonfinite(rec)
+    if paths:
+        rec["encoded_nonfinite"] = paths
+    try:
+        write_json(path, rec)
+        return rec
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        why = f"the record could not be serialised: {type(e).__name__}: {e}"
+    keep = ("schema", "kind", "run_id", "case_id", "case", "input_hash", "oracle_version", "tol_version",
+            "backend", "side", "host", "created", "repro")
+    err = {k: rec[k] for k in keep if k in rec}
+    err.update(status="error", verdict="error", tensors={}, error=why, platform=str(rec.get("platform", "")),
+               implementation=str(rec.get("implementation", "")), versions={}, kernel_time_s=None,
+               wall_time_s=None, notes={})
+    write_json(path, err)
+    return err
 
 
 def _jsonable(o):
@@ -52,6 +124,14 @@ def _jsonable(o):
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def read_checked(path: Path) -> Any:
+    """A JSON file, or RecordError naming it (unreadable, not UTF-8, not JSON)."""
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise RecordError(f"{path}: unreadable: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def result_path(out_dir: Path, backend: str, case_id: str, kind: str = "result") -> Path:
@@ -86,15 +166,134 @@ def compile_repro_command(case_id: str, backend_spec: str, targets) -> str:
     return " ".join(shlex.quote(c) for c in cmd + ["--tpu-targets", ",".join(targets)])
 
 
-def iter_results(dirs: list[Path], kind: str = "result") -> Iterator[tuple[Path, dict]]:
-    """Every record of `kind` ("result" or "compile") under the given run directories (any depth)."""
+def check_dirs(dirs: list[Path]) -> None:
+    """RecordError unless every directory exists."""
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise RecordError(f"{d}: no such directory")
+
+
+def iter_results(dirs: list[Path], skipped: list[str] | None = None, kind: str = "result") -> Iterator[tuple[Path, dict]]:
+    """Every record of `kind` ("result", or "compile": parity.tpu_compile) under the given run
+    directories (any depth), checked with check_result / check_compile. RecordError on a
+    missing directory, an unreadable *.json file or a malformed record, unless a `skipped` list
+    is given: then the file and why go there and reading goes on. JSON files of other kinds
+    (summary, gate, manifest) are passed over."""
+    check_dirs(dirs)
     for d in dirs:
         for path in sorted(Path(d).rglob("*.json")):
-            if path.name.startswith(".tmp-"):
+            if path.name.startswith(".tmp-") or not path.is_file():
                 continue
             try:
-                rec = read_json(path)
-            except (OSError, json.JSONDecodeError):
+                rec = read_checked(path)
+                if not (isinstance(rec, dict) and rec.get("kind") == kind):
+                    continue
+                (check_result if kind == "result" else check_compile)(rec, path)
+            except RecordError as e:
+                if skipped is None:
+                    raise
+                skipped.append(str(e))
                 continue
-            if isinstance(rec, dict) and rec.get("kind") == kind:
-                yield path, rec
+            yield path, rec
+
+
+# ------------------------------------------------------------------ the shape of a result record
+_NUMBER_KEYS = ("rel_rms", "max_abs", "max_abs_over_rms", "max_ulp", "oracle_rms", "oracle_max_abs",
+                "floor_rel", "floor_abs", "tol", "rms")
+_COUNT_KEYS = ("nan", "inf", "oracle_nonfinite", "nonfinite")
+_GRID_KEYS = ("profile", "heatmap", "row_heatmap", "sequences")
+
+
+def field_error(path, field: str, value, allowed: str):
+    """Raise the RecordError of a bad field: the file, the field, its value, what is allowed."""
+    raise RecordError(f"{path}: field {field}={str(value)[:80]!r} is invalid: expected {allowed}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _grid_ok(v) -> bool:
+    if v is None or _is_number(v):
+        return True
+    return isinstance(v, list) and all(_grid_ok(x) for x in v)
+
+
+def check_compile(rec: dict, path: Path | str = "record") -> None:
+    """RecordError unless a compile record has what the gate and the report read: schema,
+    case, backend, a known verdict, and per target `ok` (a bool) and, when not ok, an error."""
+    if rec.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema {rec.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
+    for f in ("case_id", "backend", "created", "run_id", "repro"):
+        if not isinstance(rec.get(f), str):
+            field_error(path, f, rec.get(f), "a string")
+    if rec.get("verdict") not in ("pass", "compile-error", "numerics-mismatch"):
+        field_error(path, "verdict", rec.get("verdict"), "one of ['pass', 'compile-error', 'numerics-mismatch']")
+    targets = rec.get("targets")
+    if not isinstance(targets, dict) or not targets:
+        field_error(path, "targets", targets, "an object of target -> compile result")
+    for t, r in targets.items():
+        if not isinstance(r, dict) or not isinstance(r.get("ok"), bool):
+            field_error(path, f"targets.{t}.ok", (r or {}).get("ok") if isinstance(r, dict) else r, "true or false")
+        if not r["ok"] and not isinstance(r.get("error"), str):
+            field_error(path, f"targets.{t}.error", r.get("error"), "a string (the compiler's message)")
+
+
+def check_result(rec: dict, path: Path | str = "record") -> None:
+    """RecordError (naming the file and field) unless `rec` has the fields the gate, the
+    report and calibrate read, with their types: numbers finite or null, counts ints,
+    verdicts and statuses known, the case a valid Case. (That case_id is the case's id and
+    the file's name is the gate's check, parity.gate: the report shows any string safely.)"""
+    from cases import Case, CaseError
+
+    from .backends.base import SIDES, STATUSES
+
+    def bad(field, value, allowed):
+        field_error(path, field, value, allowed)
+
+    if rec.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema {rec.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
+    for f in ("case_id", "backend", "created", "run_id", "repro"):
+        if not isinstance(rec.get(f), str):
+            bad(f, rec.get(f), "a string")
+    for f in ("input_hash", "platform", "implementation", "error"):
+        if rec.get(f) is not None and not isinstance(rec.get(f), str):
+            bad(f, rec.get(f), "a string or null")
+    if rec.get("side") not in SIDES:
+        bad("side", rec.get("side"), f"one of {list(SIDES)}")
+    if rec.get("status") not in STATUSES:
+        bad("status", rec.get("status"), f"one of {list(STATUSES)}")
+    if rec.get("verdict") not in VERDICT_ORDER:
+        bad("verdict", rec.get("verdict"), f"one of {list(VERDICT_ORDER)}")
+    for f in ("kernel_time_s", "wall_time_s"):
+        if rec.get(f) is not None and not _is_number(rec[f]):
+            bad(f, rec[f], "a finite number or null")
+    for f in ("versions", "notes"):
+        if not isinstance(rec.get(f, {}), dict):
+            bad(f, rec[f], "an object")
+    if not isinstance(rec.get("case"), dict):
+        bad("case", rec.get("case"), "a case object")
+    try:
+        Case.from_dict(rec["case"])
+    except (CaseError, TypeError) as e:
+        bad("case", rec["case"], f"a valid case ({e})")
+    tensors = rec.get("tensors")
+    if not isinstance(tensors, dict):
+        bad("tensors", tensors, "an object of tensor name -> metrics")
+    for name, t in tensors.items():
+        if not isinstance(t, dict):
+            bad(f"tensors.{name}", t, "an object of metrics")
+        if t.get("verdict") not in VERDICT_ORDER:
+            bad(f"tensors.{name}.verdict", t.get("verdict"), f"one of {list(VERDICT_ORDER)}")
+        for k in _NUMBER_KEYS:
+            if t.get(k) is not None and not _is_number(t[k]):
+                bad(f"tensors.{name}.{k}", t[k], "a finite number or null")
+        for k in _COUNT_KEYS:
+            if k in t and not (isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0):
+                bad(f"tensors.{name}.{k}", t[k], "a count (int >= 0)")
+        for k in _GRID_KEYS:
+            if not _grid_ok(t.get(k)):
+                bad(f"tensors.{name}.{k}", t[k], "nested lists of finite numbers or null")
+        for k in ("worst", "localisation"):
+            if k in t and not isinstance(t[k], (list, dict)):
+                bad(f"tensors.{name}.{k}", t[k], "a list or object")

@@ -6,13 +6,24 @@ becomes that case's error record; the run goes on and finished results are kept.
 Within a case the oracle runs first (cached on disk), then every other backend; each
 backend's outputs are compared against the oracle in the worker and only the JSON
 record travels back.
+
+Failing closed: a worker builds each backend (imports a candidate's module) inside the
+timed window of the case it was given, so `timeout` covers a candidate's whole life in
+the worker; workers die with the parent (parity.proc); a record that cannot be
+serialised is written as an error record; the parent's own failure path writes what it
+can and never raises. A manifest (parity.manifest) lists what the run is meant to write,
+before the first worker starts and again at the end. SIGINT or SIGTERM end the workers,
+remove their .tmp-* files and leave a summary of what finished (summary["interrupted"]).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -22,7 +33,7 @@ from pathlib import Path
 from cases import Case
 
 from . import SCHEMA_VERSION
-from .records import base_record, result_path, worst_verdict, write_json
+from .records import base_record, encode_nonfinite, result_path, worst_verdict, write_json, write_record
 
 DEFAULT_TIMEOUT_S = 900.0
 
@@ -37,6 +48,12 @@ class RunConfig:
     progress: bool = True
     tpu_targets: tuple[str, ...] = ()   # compile every jax candidate for these (parity.tpu_compile)
     numerics: str = ""                  # TPU numerics model of the jax candidates ("" = default)
+
+    def __post_init__(self):
+        if not (isinstance(self.jobs, int) and self.jobs >= 1):
+            raise ValueError(f"jobs={self.jobs!r}: expected an int >= 1")
+        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s={self.timeout_s!r}: expected a finite number of seconds > 0")
 
 
 def shard(cases: list[Case], index: int, count: int) -> list[Case]:
@@ -97,18 +114,29 @@ def _summary_line(rec: dict) -> dict:
     return {"case_id": rec["case_id"], "backend": rec["backend"], "side": rec["side"], "status": rec["status"],
             "verdict": rec["verdict"], "platform": rec.get("platform", ""), "worst_tensor": worst_name,
             "worst_rel_rms": worst_eps, "wall_time_s": rec.get("wall_time_s"), "kernel_time_s": rec.get("kernel_time_s"),
-            "error": (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else None}
+            "error": (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else None,
+            "input_hash": rec.get("input_hash")}
+
+
+class LazyBackends(dict):
+    """spec -> backend, built on first use (so inside the timed window of a case), or the
+    exception that creating it raised (recorded per case)."""
+
+    def __missing__(self, spec: str):
+        from .backends import make_backend
+        try:
+            b = make_backend(spec)
+        except Exception as e:  # noqa: BLE001 - recorded per case
+            b = e
+        self[spec] = b
+        return b
 
 
 def build_backends(specs: list[str]) -> dict:
     """spec -> backend, or the exception that creating it raised (recorded per case)."""
-    from .backends import make_backend
-    out = {}
+    out = LazyBackends()
     for spec in specs:
-        try:
-            out[spec] = make_backend(spec)
-        except Exception as e:  # noqa: BLE001 - recorded per case
-            out[spec] = e
+        out[spec]  # built now
     return out
 
 
@@ -130,7 +158,7 @@ def compile_for_targets(case: Case, spec: str, backend, targets, out_dir: Path, 
 
 
 def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id: str,
-             on_start=lambda spec: None, on_done=lambda line: None,
+             on_start=lambda spec: None, on_done=lambda line: None, on_inputs=lambda h: None,
              tpu_targets: tuple[str, ...] = ()) -> tuple[list[dict], dict, list[dict]]:
     """Run one case through the backends named in `todo` (oracle first), write a record per
     backend, compile each jax candidate for `tpu_targets`, and return (records, timing,
@@ -142,6 +170,7 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
     t_case = time.perf_counter()
     inputs = make_inputs(case)
     h = input_hash(inputs)
+    on_inputs(h)
     oracle = None
     backend_wall = 0.0
     records, compiles = [], []
@@ -168,7 +197,7 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
             result = dataclasses.replace(result, status="error", tensors={},
                                          error="comparison failed:\n" + traceback.format_exc(limit=-4))
             rec = _record(case, spec, result, oracle, h, run_id)
-        write_json(result_path(Path(out_dir), name, case.id), rec)
+        rec = write_record(result_path(Path(out_dir), name, case.id), rec)
         records.append(rec)
         if result.status != "unsupported" and not isinstance(b, Exception):
             try:
@@ -176,25 +205,35 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
             except Exception:  # noqa: BLE001 - a compile-check bug must not lose the run
                 crec = None
                 rec["notes"]["compile_check_error"] = traceback.format_exc(limit=-4)
-                write_json(result_path(Path(out_dir), name, case.id), rec)
+                rec = write_record(result_path(Path(out_dir), name, case.id), rec)
             if crec is not None:
                 compiles.append(crec)
         on_done(_summary_line(rec))
     return records, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall}, compiles
 
 
-def _worker_main(conn, specs: list[str], out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
-    """Runs cases sent over `conn`; reports ('start', case_id, spec), ('done', line), ('case', case_id, timing)."""
-    backends = build_backends(specs)
+def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
+    """Runs cases sent over `conn`; reports ('inputs', case_id, input_hash), ('start', case_id, spec),
+    ('done', line), ('case', case_id, timing), or ('crash', case_id, error) when the harness
+    itself failed on the case. Backends are built lazily, inside a case's timed window."""
+    from .proc import die_with_parent
+    die_with_parent()
+    backends = LazyBackends()
     while True:
         msg = conn.recv()
         if msg is None:
             return
         case_dict, todo = msg
         case = Case.from_dict(case_dict)
-        _, timing, _ = run_case(case, todo, backends, Path(out_dir), run_id,
-                                on_start=lambda spec: conn.send(("start", case.id, spec)),
-                                on_done=lambda line: conn.send(("done", line)), tpu_targets=tpu_targets)
+        try:
+            _, timing, _ = run_case(case, todo, backends, Path(out_dir), run_id,
+                                    on_start=lambda spec: conn.send(("start", case.id, spec)),
+                                    on_done=lambda line: conn.send(("done", line)),
+                                    on_inputs=lambda h: conn.send(("inputs", case.id, h)), tpu_targets=tpu_targets)
+        except Exception as e:  # noqa: BLE001 - the parent records it for the backends left
+            conn.send(("crash", case.id, f"harness error in the worker: {type(e).__name__}: {str(e)[:500]}\n"
+                                         + traceback.format_exc(limit=-4)))
+            return
         conn.send(("case", case.id, timing))
 
 
@@ -203,16 +242,19 @@ class _Worker:
     def __init__(self, ctx, cfg: RunConfig):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, daemon=True,
-                                args=(child, cfg.backends, str(cfg.out_dir), cfg.run_id, tuple(cfg.tpu_targets)))
+                                args=(child, str(cfg.out_dir), cfg.run_id, tuple(cfg.tpu_targets)))
         self.proc.start()
         child.close()
         self.case: Case | None = None
         self.todo: list[str] = []
         self.current: str | None = None
         self.started = 0.0
+        self.input_hash: str | None = None
 
     def give(self, case: Case, todo: list[str]):
-        self.case, self.todo, self.current = case, list(todo), None
+        """The timer starts now: building inputs and backends counts towards the first backend's timeout."""
+        self.case, self.todo, self.current, self.input_hash = case, list(todo), None, None
+        self.started = time.perf_counter()
         self.conn.send((case.to_dict(), todo))
 
     def kill(self):
@@ -243,22 +285,46 @@ class Progress:
             print(file=sys.stderr)
 
 
-def _failure_line(case: Case, spec: str, status: str, error: str, cfg: RunConfig) -> dict:
-    """Record written by the parent for a backend whose worker timed out or died."""
-    from cases import input_hash, make_inputs
-
+def _failure_line(case: Case, spec: str, status: str, error: str, cfg: RunConfig, input_hash: str | None) -> dict:
+    """Record written by the parent for a backend whose worker timed out or died. It never
+    raises: it uses the input hash the worker reported (rebuilding inputs could be what
+    failed) and, when the record cannot be written, says so in the summary line."""
     from .backends import backend_name
     name = backend_name(spec)
     rec = base_record(case, spec, name, "oracle" if spec == "oracle" else "reference" if spec == "fla" else "candidate",
-                      input_hash(make_inputs(case)), cfg.run_id)
+                      input_hash, cfg.run_id)
     rec.update(status=status, verdict=status, error=error, tensors={}, platform="", implementation="",
                versions={}, kernel_time_s=None, wall_time_s=cfg.timeout_s if status == "timeout" else None, notes={})
-    write_json(result_path(cfg.out_dir, name, case.id), rec)
+    try:
+        rec = write_record(result_path(cfg.out_dir, name, case.id), rec)
+    except OSError as e:
+        return {**_summary_line({**rec, "error": f"the record could not be written ({e}); {error}"}), "written": False}
     return _summary_line(rec)
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the parent during a run."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted("SIGTERM")
+
+
+def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
+    """.tmp-<pid>-* files of the given processes (a killed worker's half-written record or
+    oracle cache entry)."""
+    from .backends.oracle import cache_dir
+    for d in (Path(out_dir), cache_dir()):
+        for p in d.rglob(".tmp-*") if d.is_dir() else ():
+            if any(p.name.startswith(f".tmp-{pid}-") for pid in pids):
+                p.unlink(missing_ok=True)
+
+
 def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
-    """Run every case through cfg.backends; returns the run summary (also written to summary.json)."""
+    """Run every case through cfg.backends; returns the run summary (also written to summary.json).
+    summary["interrupted"] is 'SIGINT' or 'SIGTERM' when a signal ended the run early."""
+    from .backends import backend_name
+    from .manifest import write_manifest
     cfg.out_dir = Path(cfg.out_dir)
     cfg.run_id = cfg.run_id or uuid.uuid4().hex[:12]
     specs = ["oracle"] + [s for s in cfg.backends if s != "oracle"]
@@ -266,17 +332,47 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     if cfg.numerics:  # workers inherit it (parity.tpu_numerics reads it on first use)
         from .tpu_numerics import ENV, check_model
         os.environ[ENV] = check_model(cfg.numerics)
+    names = [backend_name(s) for s in specs]
+    write_manifest(cfg.out_dir, cfg.run_id, "parity run", [c.id for c in cases], names, tpu_targets=cfg.tpu_targets)
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
     pending = list(cases)
     lines: list[dict] = []
     timings: dict[str, dict] = {}
-    workers = [_Worker(ctx, cfg) for _ in range(max(1, min(cfg.jobs, len(cases))))]
-    idle = list(workers)
-    busy: list[_Worker] = []
+    workers: list[_Worker] = []
+    pids = {os.getpid()}
+    interrupted = None
     retry: list[tuple[Case, list[str]]] = []
     progress = Progress(len(cases), cfg.progress)
+    main_thread = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+
+    def spawn() -> _Worker:
+        w = _Worker(ctx, cfg)
+        pids.add(w.proc.pid)
+        return w
+
+    def fail(w: _Worker, status: str, err: str) -> None:
+        """Record `status` for the backend the worker was on, and go on with the case's others."""
+        spec = w.current or (w.todo[0] if w.todo else None)
+        if spec is None:
+            return
+        lines.append(_failure_line(w.case, spec, status, err, cfg, w.input_hash))
+        rest = [s for s in w.todo if s != spec]
+        if spec == "oracle":
+            for s in rest:
+                lines.append(_failure_line(w.case, s, "error", "the oracle failed for this case, nothing to compare against",
+                                           cfg, w.input_hash))
+            rest = []
+        if rest:
+            retry.append((w.case, rest))
+        else:
+            progress.step(w.case.id)
+
     try:
+        workers = [spawn() for _ in range(max(1, min(cfg.jobs, len(cases))))]
+        idle = list(workers)
+        busy: list[_Worker] = []
         while pending or retry or busy:
             while idle and (retry or pending):
                 w = idle.pop()
@@ -284,53 +380,54 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
                 w.give(case, todo)
                 busy.append(w)
             ready = wait([w.conn for w in busy], timeout=1.0)
-            now = time.perf_counter()
             for w in list(busy):
+                msg = None
                 if w.conn in ready:
                     try:
                         msg = w.conn.recv()
                     except (EOFError, OSError):
                         msg = ("died",)
-                    if msg[0] == "start":
-                        w.current, w.started = msg[2], now
+                    if msg[0] == "inputs":
+                        w.input_hash = msg[2]
+                    elif msg[0] == "start":
+                        w.current, w.started = msg[2], time.perf_counter()
                     elif msg[0] == "done":
                         lines.append(msg[1])
                         w.todo.remove(w.current)
-                        w.current = None
+                        w.current, w.started = None, time.perf_counter()
                     elif msg[0] == "case":
                         timings[msg[1]] = msg[2]
                         busy.remove(w)
                         idle.append(w)
                         progress.step(msg[1])
                         continue
-                    if msg[0] != "died":
+                    if msg[0] not in ("died", "crash"):
                         continue
-                timed_out = w.current is not None and now - w.started > cfg.timeout_s
-                died = not w.proc.is_alive() or (w.conn in ready and msg == ("died",))
+                timed_out = time.perf_counter() - w.started > cfg.timeout_s
+                died = not w.proc.is_alive() or (msg is not None and msg[0] in ("died", "crash"))
                 if not (timed_out or died):
                     continue
                 w.kill()
-                spec = w.current or (w.todo[0] if w.todo else None)
-                if spec is not None:
-                    status, err = (("timeout", f"no result after {cfg.timeout_s:.0f} s; worker killed") if timed_out
-                                   else ("error", f"worker process died (exit code {w.proc.exitcode})"))
-                    lines.append(_failure_line(w.case, spec, status, err, cfg))
-                    rest = [s for s in w.todo if s != spec]
-                    if spec == "oracle":
-                        for s in rest:
-                            lines.append(_failure_line(w.case, s, "error", "the oracle failed for this case, nothing to compare against", cfg))
-                        rest = []
-                    if rest:
-                        retry.append((w.case, rest))
-                    else:
-                        progress.step(w.case.id)
+                if msg is not None and msg[0] == "crash":
+                    fail(w, "error", msg[2])
+                elif timed_out:
+                    fail(w, "timeout", f"no result after {cfg.timeout_s:g} s; worker killed")
+                else:
+                    fail(w, "error", f"worker process died (exit code {w.proc.exitcode})")
                 busy.remove(w)
-                nw = _Worker(ctx, cfg)
+                nw = spawn()
                 workers[workers.index(w)] = nw
                 idle.append(nw)
+    except KeyboardInterrupt:
+        interrupted = "SIGINT"
+    except Interrupted as e:
+        interrupted = str(e)
     finally:
         progress.close()
         for w in workers:
+            if interrupted:
+                w.kill()
+                continue
             try:
                 w.conn.send(None)
             except (OSError, BrokenPipeError):
@@ -339,14 +436,22 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
             w.proc.join(10)
             if w.proc.is_alive():
                 w.kill()
+        _remove_temporaries(cfg.out_dir, pids)
+        if main_thread:
+            signal.signal(signal.SIGTERM, old_term)
     wall = time.perf_counter() - t0
     summary = {
         "schema": SCHEMA_VERSION, "kind": "run", "run_id": cfg.run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv, "backends": specs, "jobs": cfg.jobs, "cases": len(cases), "wall_time_s": wall,
         "tpu_targets": list(cfg.tpu_targets),
+        "interrupted": interrupted,
         "timing": _timing_summary(lines, timings, wall), "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
     }
-    write_json(cfg.out_dir / "summary.json", summary)
+    write_json(cfg.out_dir / "summary.json", encode_nonfinite(summary)[0])
+    write_manifest(cfg.out_dir, cfg.run_id, "parity run", [c.id for c in cases], names,
+                   {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
+                   {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)}, finished=interrupted is None,
+                   interrupted=interrupted is not None, tpu_targets=cfg.tpu_targets)
     return summary
 
 

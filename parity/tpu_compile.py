@@ -366,7 +366,22 @@ def compile_suite(cases: list[Case], specs: list[str], targets: tuple[str, ...],
     import concurrent.futures as cf
     import multiprocessing as mp
     import uuid
+
+    from .backends import Unsupported, backend_name, make_backend
+    from .manifest import write_manifest
     run_id = "compile-" + uuid.uuid4().hex[:10]
+    # what is meant to be compiled, written before anything compiles (the gate refuses what is missing)
+    expected = []
+    for spec in specs:
+        backend = _backend(spec, make_backend)
+        for c in cases:
+            try:
+                backend.compile_subject(c)
+            except Unsupported:
+                continue
+            expected.append((c.id, backend_name(spec)))
+    write_manifest(out_dir, run_id, "parity compile", [c.id for c in cases], [backend_name(s) for s in specs],
+                   tpu_targets=targets, compiles=expected)
     tasks = [(c.to_dict(), s, tuple(targets), str(out_dir), run_id) for c in cases for s in specs]
     if jobs <= 1:
         done = [_compile_task(*t) for t in tasks]

@@ -10,6 +10,8 @@ import pytest
 from cases import Case, input_hash, make_inputs
 from parity.backends import BackendResult
 from parity.backends.oracle import cached_oracle
+from parity.manifest import manifest_path, write_manifest
+from parity.records import read_json, result_path, write_json
 from parity.runner import RunConfig, _record, run_cases
 
 SMALL = Case("simple_gla", 1, 64, 1, 64, 64, h0=True, ht=True)
@@ -42,6 +44,20 @@ def record_from_tensors(case: Case, backend: str, side: str, tensors: dict[str, 
     res = BackendResult(backend=backend, side=side, status="ok", tensors=tensors, platform=platform,
                         implementation="test", wall_time_s=0.0)
     return _record(case, backend, res, oracle, input_hash(inputs), "test")
+
+
+def write_records(out: Path, *recs: dict, run_id: str = "test") -> None:
+    """Records into out/<backend>/<case_id>.json and a manifest listing their cases and
+    backends (added to the one already there), as parity run writes them."""
+    path = manifest_path(out, run_id)
+    m = read_json(path) if path.exists() else {"cases": [], "backends": []}
+    cases = [c["id"] for c in m["cases"]]
+    backends = list(m["backends"])
+    for rec in recs:
+        write_json(result_path(out, rec["backend"], rec["case_id"]), rec)
+        cases += [rec["case_id"]] if rec["case_id"] not in cases else []
+        backends += [rec["backend"]] if rec["backend"] not in backends else []
+    write_manifest(out, run_id, "test", cases, backends)
 
 
 def perturbed(case: Case, towards: dict[str, np.ndarray], times: float) -> dict[str, np.ndarray]:

@@ -8,11 +8,10 @@ import pytest
 from cases import Case, make_inputs
 from parity.compare import bound, bound_localisation, compare_tensor, describe_localisation, rel_rms
 from parity.gate import GateRefusal, evaluate, format_summary, run_gate
-from parity.records import write_json
 from parity.tol import TOL_VERSION, calibrate, growth, tol
 from references import oracle_run
 
-from .helpers import SMALL_BF16, perturbed, record_from_tensors
+from .helpers import SMALL_BF16, perturbed, record_from_tensors, write_records
 
 CASE = Case("simple_gla", 1, 128, 2, 64, 64, dtype="bfloat16", seqlens=(30, 1, 97), h0=True, ht=True)
 
@@ -161,7 +160,7 @@ def test_a_reference_with_nan_bounds_nothing():
 
 
 def _write(dirpath, rec):
-    write_json(dirpath / rec["backend"] / f"{rec['case_id']}.json", rec)
+    write_records(dirpath, rec)
 
 
 @pytest.fixture(scope="module")

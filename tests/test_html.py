@@ -150,7 +150,6 @@ def write_compile_records(out: Path, old: Path | None = None) -> None:
     unparsed = {**compile_ok("tpu7x", 0.45, 4096), "numerics": {"error": "no post-lower-to-llo module was written"}}
     put(out, compile_record(COMPILE_ONLY, "pallas", [compile_ok("v5e", 0.4, 4096), compile_ok("v6e", 0.6, 4096, compiled="f32x1"),
                                                      unparsed]))
-    (out / "pallas" / "broken.compile.json").write_text("{not json")  # unreadable: skipped
     (out / "gate.json").write_text(json.dumps({"kind": "gate", "bound_factor": 1.0, "compile": {
         "targets": ["v5e", "v6e", "tpu7x"], "pairs": 3, "ok": 2, "failed": 1, "by_target": {}, "max_vmem_bytes": 3 << 20}}))
     if old is not None:
@@ -451,3 +450,13 @@ def test_compile_matrix_and_detail_in_browser(compile_tab):
     assert tab.evaluate("window.__pwned") is None
     assert tab.evaluate("document.querySelectorAll('img, b').length") == 0
     assert tab.errors == []
+
+
+def test_unreadable_compile_record_is_refused_not_skipped(tmp_path):
+    """As for result records: what the report cannot read is an error, never silently left out."""
+    from parity.records import RecordError
+    write_records(tmp_path)
+    write_compile_records(tmp_path)
+    (tmp_path / "pallas" / "broken.compile.json").write_text("{not json")
+    with pytest.raises(RecordError, match="broken.compile.json: unreadable"):
+        build_report([tmp_path])

@@ -16,7 +16,10 @@ BUILTIN = ("oracle", "fla", "pallas", "pallas-fused")
 # jax: any jax code; pallas: a Pallas TPU kernel (its TPU module must hold a Mosaic kernel); torch
 FRAMEWORKS = ("jax", "pallas", "torch")
 MUTANT_PREFIX = "mutant:"   # mutant:NAME, a kernels_jax kernel with a known bug (parity.mutants)
-CANDIDATE_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.+-]+)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
+# a backend's name is a folder of the output directory: a safe charset, no path components
+# ('.', '..', '/', a leading '-' or '.'), at most 64 characters
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+CANDIDATE_RE = re.compile(r"^(?P<name>[^=]*)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
 
 
 class SpecError(ValueError):
@@ -27,6 +30,9 @@ def parse_candidate(spec: str) -> tuple[str, str, str, str]:
     m = CANDIDATE_RE.match(spec)
     if not m:
         raise SpecError(f"--candidate {spec!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla")
+    if not NAME_RE.fullmatch(m["name"]):
+        raise SpecError(f"--candidate {spec!r}: NAME {m['name']!r} is not allowed: expected 1 to 64 of "
+                        "A-Z a-z 0-9 _ . + -, starting with a letter or digit")
     if m["fw"] not in FRAMEWORKS:
         raise SpecError(f"--candidate {spec!r}: FRAMEWORK {m['fw']!r} is not one of {list(FRAMEWORKS)}")
     if m["name"] in BUILTIN:
@@ -96,5 +102,30 @@ def check_specs(specs: list[str]) -> None:
         seen.add(n)
 
 
+def _check_specs_message(specs: list[str]) -> str | None:
+    try:
+        check_specs(specs)
+    except SpecError as e:
+        return str(e)
+    return None
+
+
+def check_specs_isolated(specs: list[str], timeout_s: float) -> None:
+    """check_specs, with the candidates' modules imported in a child process (parity.proc), so
+    that a module that hangs or ends the process at import is refused, not fatal. Built-in
+    names are checked here without importing anything."""
+    if not any("=" in s or s.startswith(MUTANT_PREFIX) for s in specs):
+        return check_specs(specs)
+    from ..proc import call_in_child
+    status, value = call_in_child(_check_specs_message, (list(specs),), timeout_s)
+    if status == "timeout":
+        raise SpecError(f"importing the candidate modules of {specs} did not finish within {timeout_s:g} s (--timeout)")
+    if status == "died":
+        raise SpecError(f"importing the candidate modules of {specs} ended the process (exit code {value})")
+    if value:
+        raise SpecError(value)
+
+
 __all__ = ["Backend", "BackendResult", "CompileSubject", "Execution", "Unsupported", "execute", "make_backend",
-           "check_specs", "backend_name", "parse_candidate", "SpecError", "BUILTIN"]
+           "check_specs", "backend_name", "parse_candidate", "SpecError", "BUILTIN", "NAME_RE",
+           "check_specs_isolated"]

@@ -28,8 +28,7 @@ PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
 # the page's verdicts: the records' plus a compile record's ("compile-error": a candidate that
 # does not compile for a TPU target is as broken as one that errors)
-PAGE_VERDICTS = VERDICT_ORDER if "compile-error" in VERDICT_ORDER else (
-    VERDICT_ORDER[:1] + ("compile-error",) + VERDICT_ORDER[1:-2] + ("numerics-mismatch",) + VERDICT_ORDER[-2:])
+PAGE_VERDICTS = VERDICT_ORDER
 COMPILE_LABEL = "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed)"
 TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
@@ -49,34 +48,15 @@ def load_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str
     return dict(by_case), skipped
 
 
-def iter_compile_records(dirs: list[Path]):
-    """(path, record) for every compile record (DIR/<backend>/<case_id>.compile.json, any depth);
-    unreadable files are skipped as iter_results does."""
-    for d in dirs:
-        for path in sorted(Path(d).rglob("*.compile.json")):
-            if path.name.startswith(".tmp-"):
-                continue
-            try:
-                rec = read_json(path)
-            except (OSError, ValueError):
-                continue
-            if isinstance(rec, dict) and rec.get("kind") == "compile":
-                yield path, rec
-
-
 def load_compile_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
-    """case_id -> candidate backend -> newest compile record (by "created"), and the paths skipped."""
+    """case_id -> candidate backend -> newest compile record (by "created"), read and checked as
+    the gate reads them (records.iter_results: an unreadable or malformed file is an error)."""
     by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    skipped = []
-    for path, rec in iter_compile_records(dirs):
-        if (rec.get("schema") != SCHEMA_VERSION or "case_id" not in rec or "backend" not in rec
-                or not isinstance(rec.get("targets"), dict)):
-            skipped.append(str(path))
-            continue
+    for _, rec in iter_results(dirs, kind="compile"):
         prev = by_case[rec["case_id"]].get(rec["backend"])
         if prev is None or rec.get("created", "") >= prev.get("created", ""):
             by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case), skipped
+    return dict(by_case), []
 
 
 def _bound_factor(dirs: list[Path]) -> float:
