@@ -132,6 +132,7 @@ def compile_case(fn: Callable, case: Case, target: str, *, context: Callable = c
     from kernels_jax.common.platform import compile_for_tpu
     t0 = time.perf_counter()
     out: dict = {"target": target, "topology": TARGETS[target], "ok": False}
+    before: set[Path] = set()
     try:
         dev = device(target)
         out["device_kind"] = dev.device_kind
@@ -143,7 +144,7 @@ def compile_case(fn: Callable, case: Case, target: str, *, context: Callable = c
         compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - a compile error is this target's result
         out.update(seconds=time.perf_counter() - t0, **describe_error(e))
-        _clear_dumps(_dump_files() - before if "before" in locals() else set())
+        _clear_dumps(_dump_files() - before)
         return out
     out["seconds"] = time.perf_counter() - t0
     text = compiled.as_text()
@@ -344,19 +345,15 @@ def compile_verdict(results: dict) -> str:
 
 # ------------------------------------------------------------------ many cases (`parity compile`)
 def _compile_task(case_dict: dict, spec: str, targets: tuple[str, ...], out_dir: str, run_id: str) -> dict | None:
-    from .backends import make_backend
     from .runner import compile_for_targets
-    case = Case.from_dict(case_dict)
-    return compile_for_targets(case, spec, _backend(spec, make_backend), targets, Path(out_dir), run_id)
+    return compile_for_targets(Case.from_dict(case_dict), spec, _backend(spec), targets, Path(out_dir), run_id)
 
 
-_backends: dict = {}
-
-
-def _backend(spec: str, make):
-    if spec not in _backends:
-        _backends[spec] = make(spec)
-    return _backends[spec]
+@functools.cache
+def _backend(spec: str):
+    """One backend per spec and process."""
+    from .backends import make_backend
+    return make_backend(spec)
 
 
 def compile_suite(cases: list[Case], specs: list[str], targets: tuple[str, ...], out_dir: Path,
@@ -367,13 +364,13 @@ def compile_suite(cases: list[Case], specs: list[str], targets: tuple[str, ...],
     import multiprocessing as mp
     import uuid
 
-    from .backends import Unsupported, backend_name, make_backend
+    from .backends import Unsupported, backend_name
     from .manifest import write_manifest
     run_id = "compile-" + uuid.uuid4().hex[:10]
     # what is meant to be compiled, written before anything compiles (the gate refuses what is missing)
     expected = []
     for spec in specs:
-        backend = _backend(spec, make_backend)
+        backend = _backend(spec)
         for c in cases:
             try:
                 backend.compile_subject(c)

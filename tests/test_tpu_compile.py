@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cases import Case, get_suite
+from cases import OPS, Case, get_suite
 from parity import tpu_compile
 from parity.cli import main
 from tests.helpers import requires_libtpu
@@ -72,20 +72,33 @@ def test_pallas_candidate_without_mosaic_kernel_is_reported(tmp_path):
     assert tpu_compile.compile_case(interpret_left_on, case, "v5e", expect_mosaic=False)["ok"]
 
 
-def _suite_pairs():
-    """(suite, target) pairs CI compiles: every suite on v5e, full (realistic shapes) on all."""
-    pairs = [("full", t) for t in tpu_compile.DEFAULT_TARGETS]
-    return pairs + [(s, "v5e") for s in ("smoke", "stability", "varlen")]
+def _suite_parts():
+    """(suite, target, op) parts CI compiles: every suite on v5e, full (realistic shapes) on
+    every default target; one test per op so that parallel workers share the load."""
+    parts = [("full", t) for t in tpu_compile.DEFAULT_TARGETS] + [(s, "v5e") for s in ("smoke", "stability", "varlen")]
+    return [(s, t, op) for s, t in parts for op in OPS]
 
 
 @requires_libtpu
-@pytest.mark.parametrize("suite,target", _suite_pairs(), ids=lambda x: str(x))
-def test_kernels_compile_for_tpu(suite, target, tmp_path):
+@pytest.mark.parametrize("suite,target,op", _suite_parts(), ids=lambda x: str(x))
+def test_kernels_compile_for_tpu(suite, target, op, tmp_path):
     """Every kernels_jax kernel (pallas, pallas-fused) compiles with the real TPU compiler for the
     target at every case of the suite, forward and backward, and its matmuls agree with the
     TPU numerics model. (The ci suite is compiled on v5e by the interpret pass, per case.)"""
-    records = tpu_compile.compile_suite(get_suite(suite), ["pallas", "pallas-fused"], (target,), tmp_path)
+    cases = [c for c in get_suite(suite) if c.op == op]
+    records = tpu_compile.compile_suite(cases, ["pallas", "pallas-fused"], (target,), tmp_path)
     from parity.gate import compile_problems
     bad = {f"{r['case_id']} [{r['backend']}]": compile_problems(r) for r in records if r["verdict"] != "pass"}
     assert not bad, bad
-    assert len(records) == sum(1 + c.uses_g_gamma for c in get_suite(suite))
+    assert len(records) == sum(1 + c.uses_g_gamma for c in cases)
+
+
+@requires_libtpu
+def test_gate_refuses_a_missing_compile_record(tmp_path, capsys):
+    case = "simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-gamma_alibi"
+    assert main(["compile", "--case", case, "--tpu-targets", "v5e", "--out", str(tmp_path)]) == 0
+    assert main(["gate", str(tmp_path)]) == 0                      # pallas and pallas-fused compiled
+    assert "TPU compile (on this host, nothing executed): 2 case/candidate pairs, 2 ok" in capsys.readouterr().out
+    (tmp_path / "pallas-fused" / f"{case}.compile.json").unlink()
+    assert main(["gate", str(tmp_path)]) == 2
+    assert f"{case} [pallas-fused] TPU compile" in capsys.readouterr().err
