@@ -101,7 +101,9 @@ def _print_table(summary: dict) -> None:
     share = ", ".join(f"{b} {s:.1f}s" for b, s in t["per_backend_s"].items())
     overhead = t["harness_overhead_share"]
     print(f"{summary['cases']} cases in {summary['wall_time_s']:.1f} s (-j {summary['jobs']}); backend time: {share}; "
-          f"harness overhead {t['harness_overhead_s']:.1f} s" + (f" ({100 * overhead:.1f}% of case time)" if overhead is not None else ""))
+          + (f"TPU compile check {t['tpu_compile_s']:.1f} s; " if t.get("tpu_compile_s") else "")
+          + f"harness overhead {t['harness_overhead_s']:.1f} s"
+          + (f" ({100 * overhead:.1f}% of case time)" if overhead is not None else ""))
 
 
 def _prepare_out(out: Path) -> Path:
