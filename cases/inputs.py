@@ -93,6 +93,8 @@ def _gate(case: Case, shape: tuple[int, ...]) -> tuple[str, np.ndarray]:
         return "g_gamma", alibi_g_gamma(case.H, p["layer"], p["layers"])
     if case.gate == "gamma_stress":
         return "g_gamma", -p["mag"] * rng.uniform(0.5, 1.5, (case.H,))
+    if case.gate == "gamma_retnet":
+        return "g_gamma", np.log1p(-(2.0 ** (-5.0 - np.arange(case.H))))
     raise AssertionError(case.gate)  # Case validation makes this unreachable
 
 

@@ -16,7 +16,7 @@ def seqlens(draw, max_T: int = 256):
 
 @st.composite
 def case(draw, op: str | None = None, max_T: int = 256, dtypes=("float32", "bfloat16"),
-         directions=("fwd", "fwdbwd"), kv=(64, 128, 256)):
+         directions=("fwd", "fwdbwd"), kv=(16, 60, 64, 100, 128, 256, 512)):
     """A valid Case; pass op= to fix the op, max_T to bound the sequence length."""
     op = op or draw(st.sampled_from(OPS))
     gate = draw(st.sampled_from([g for g, (ops, _) in GATES.items() if op in ops]))

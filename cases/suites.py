@@ -12,10 +12,16 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .case import GATES, OPS, Case, CaseError
+from .models import models, models_at_scale
 
 
-def gates_for(op: str) -> list[str]:
-    return [g for g, (ops, _) in GATES.items() if op in ops]
+# the gates the ci and full grids cover (gates added later join through cases of their own,
+# so that no existing case of a grid changes)
+GRID_GATES = ("g_logsig", "g_stress", "gamma_alibi", "gamma_stress")
+
+
+def gates_for(op: str, among=GRID_GATES) -> list[str]:
+    return [g for g, (ops, _) in GATES.items() if op in ops and g in among]
 
 
 STATES = [dict(h0=False, ht=False), dict(h0=True, ht=True), dict(h0=True, ht=False), dict(h0=False, ht=True)]
@@ -62,7 +68,21 @@ def ci() -> list[Case]:
     shapes = [dict(B=2, T=128, H=2, K=64, V=64), dict(B=1, T=100, H=2, K=64, V=64),
               dict(B=1, T=130, H=1, K=64, V=64, seqlens=(45, 1, 84)),
               dict(B=1, T=64, H=1, K=256, V=256), dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130))]
-    return covering(primary, {"state": STATES, "shape": shapes})
+    return covering(primary, {"state": STATES, "shape": shapes}) + head_dims()
+
+
+def head_dims() -> list[Case]:
+    """The head dims of real models, on every op, forward and backward (part of ci): K < V
+    (GLA's expand_k 0.5), K > V, dims off the 64 grid (FLA's tests use 60 and 100), and V = 512
+    (GLA-1.3B, RetNet, Gated DeltaNet). A kernel that takes its scale, a BlockSpec or its state
+    layout from V instead of K passes every K == V case."""
+    dims = [dict(K=64, V=128, h0=True, ht=True), dict(K=128, V=64, dtype="bfloat16"),
+            dict(K=60, V=100, ht=True), dict(K=256, V=512, dtype="bfloat16", h0=True)]
+    gates = {"simple_gla": ["g_logsig", "gamma_alibi", "g_logsig", "gamma_retnet"],
+             "gla": ["g_logsig", "g_stress", "g_logsig", "g_logsig"],
+             "kda": ["g_logsig", "g_stress", "g_logsig", "g_logsig"]}
+    return [Case(op, B=1, T=80, H=1 if d["V"] > 256 else 2, gate=gate, **d)
+            for op in OPS for d, gate in zip(dims, gates[op])]
 
 
 def stability() -> list[Case]:
@@ -96,11 +116,32 @@ def full() -> list[Case]:
     primary = [p for op in OPS for p in _product(op=[op], dtype=["float32", "bfloat16"],
                                                   chunk_size=[64, 128], gate=gates_for(op))]
     shape_axis = [dict(B=s["B"], T=s["T"], H=s["H"], K=s["KV"], V=s["KV"]) for s in shapes]
-    return covering(primary, {"state": STATES[:2], "shape": shape_axis})
+    return covering(primary, {"state": STATES[:2], "shape": shape_axis}) + models_at_scale()
+
+
+FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "scale", "h0", "ht", "seqlens", "direction")
+
+
+def fla_tests_sources() -> dict[str, list[str]]:
+    """case id -> the FLA tests (file::function[id]) that use its parameters
+    (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda}.py as data)."""
+    from .fla_tests_data import FLA_TESTS
+    out: dict[str, list[str]] = {}
+    for e in FLA_TESTS:
+        c = Case(**{k: e[k] for k in FLA_FIELDS}, gate_params={"norm": e["norm"]})
+        out.setdefault(c.id, []).append(e["source"])
+    return out
+
+
+def fla_tests() -> list[Case]:
+    """The shapes, dtypes, chunk sizes, gate strengths and varlen offsets of FLA's own tests for
+    simple_gla, gla and kda, one case per distinct parameter set (several FLA tests share one)."""
+    return [Case.from_id(i) for i in fla_tests_sources()]
 
 
 SUITES: dict[str, Callable[[], list[Case]]] = {
-    "smoke": smoke, "ci": ci, "stability": stability, "varlen": varlen, "full": full,
+    "smoke": smoke, "ci": ci, "stability": stability, "varlen": varlen, "full": full, "models": models,
+    "fla-tests": fla_tests,
 }
 
 

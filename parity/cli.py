@@ -69,12 +69,14 @@ def _select_cases(a) -> list[Case]:
 
 
 def cmd_cases(a) -> int:
+    from cases.models import label
     cases = _select_cases(a)
     if a.json:
-        print(json.dumps([{"id": c.id, **c.to_dict()} for c in cases], indent=1))
+        print(json.dumps([{"id": c.id, **c.to_dict(), **({"label": label(c)} if label(c) else {})} for c in cases],
+                         indent=1))
     else:
         for c in cases:
-            print(c.id)
+            print(c.id + (f"    # {label(c)}" if label(c) else ""))
         print(f"{len(cases)} cases", file=sys.stderr)
     return 0
 
@@ -331,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser = lambda *a, **k: add(*a, allow_abbrev=False, **k)
 
     def selection(sp, single=False):
-        sp.add_argument("--suite", help="smoke, ci, stability, varlen, full")
+        sp.add_argument("--suite", help="smoke, ci, stability, varlen, full, models, fla-tests")
         sp.add_argument("--cases", help="JSON file: a list of case dicts or ids")
         if single:
             sp.add_argument("--case", action="append", help="a case id (repeatable)")

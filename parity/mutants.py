@@ -104,6 +104,10 @@ CATALOGUE: tuple[Mutant, ...] = (
            what="float32 dots at DEFAULT precision: one bf16 MXU pass on a TPU (~2e-3), float32 in plain "
                 "interpret mode; the TPU numerics model and the bound against FLA's TF32 must catch it",
            witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-gamma_alibi-ht"),
+    Mutant("kv-swapped-scale", "simple_gla", "pallas", switch="scale_from_v",
+           what="the default scale taken from V's head dim instead of K's (V ** -0.5): invisible "
+                "on every case with K == V",
+           witness="simple_gla-fwd-B1-T80-H2-K64-V128-fp32-C64-g_logsig"),
     Mutant("kda-beta-keys-only", "kda", "pallas", switch="beta_keys_only",
            what="kda: beta applied to the keys but not to the values in the WY solve",
            witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),

@@ -145,7 +145,7 @@ def write_repro(case: Case, spec: str, out: Path) -> Path:
     if framework == "jax":
         (out / "tpu_numerics.py").write_text(Path(tpu_numerics.__file__).read_text())
     script = SCRIPT.render(case_id=case.id, framework=framework, module=module, function=function, bf16=bf16,
-                           scale=repr(case.scale_value), ht=case.ht, backward=case.backward, chunk_size=chunk,
+                           scale=repr(case.scale), ht=case.ht, backward=case.backward, chunk_size=chunk,
                            numerics=tpu_numerics.active())
     (out / "repro.py").write_text(script)
     return out / "repro.py"

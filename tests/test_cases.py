@@ -29,7 +29,7 @@ def test_id_is_readable():
 @pytest.mark.parametrize("kwargs, field", [
     (dict(op="mamba"), "op"), (dict(dtype="int8"), "dtype"), (dict(chunk_size=48), "chunk_size"),
     (dict(gate="gamma_alibi", op="gla"), "gate"), (dict(gate_params={"bogus": 1}), "gate_params"),
-    (dict(T=0), "T"), (dict(K=512), "K"), (dict(seqlens=(10, 20)), "seqlens"),
+    (dict(T=0), "T"), (dict(K=0), "K"), (dict(seqlens=(10, 20)), "seqlens"),
     (dict(seqlens=(32, 32), B=2), "B"), (dict(direction="bwd"), "direction"), (dict(scale=-1.0), "scale"),
 ])
 def test_invalid_case_names_field_and_allowed_values(kwargs, field):
@@ -120,7 +120,7 @@ def test_suites_cover_the_matrix():
     assert any(1 in c.seqlens for c in get_suite("varlen"))
     assert any(c.gate == "gamma_alibi" and c.chunk_size == 128 for c in get_suite("stability"))
     full = get_suite("full")
-    assert max(c.T for c in full) == 8192 and max(c.H for c in full) == 32 and max(c.B for c in full) == 8
+    assert max(c.T for c in full) == 8192 and max(c.H for c in full) == 64 and max(c.B for c in full) == 8
 
 
 def test_unknown_suite():
@@ -137,3 +137,26 @@ def test_cases_file_accepts_dicts_and_ids_and_validates(tmp_path):
     bad.write_text(json.dumps([{"op": "gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64, "dtype": "fp8"}]))
     with pytest.raises(CaseError, match=r"entry 0: Case\.dtype='fp8'"):
         load_cases_file(bad)
+
+
+def test_real_model_head_dims_are_cases_on_every_op():
+    """ci covers K < V, K > V, a head dim off the 64 grid and V = 512 on every op, with
+    gradients; the models suite names real layers; no existing ci case was changed for it."""
+    ci = get_suite("ci")
+    for op in ("simple_gla", "gla", "kda"):
+        mine = [c for c in ci if c.op == op and c.backward]
+        assert any(c.K < c.V for c in mine) and any(c.K > c.V for c in mine)
+        assert any(c.K % 64 or c.V % 64 for c in mine) and any(c.V == 512 for c in mine)
+    from cases.models import label
+    models = get_suite("models")
+    assert all(label(c) for c in models) and len({label(c) for c in models}) == len(models)
+    assert label(Case("gla", 1, 128, 4, 256, 512, dtype="bfloat16")).startswith("GLA-1.3B")
+    assert label(ci[0]) is None
+
+
+def test_any_head_dim_is_a_case_and_retnet_decay_is_fla_s():
+    c = Case("simple_gla", 1, 16, 3, 60, 512, gate="gamma_retnet")
+    assert Case.from_id(c.id) == c
+    g = make_inputs(c)["g_gamma"]
+    # FLA's retention: g_gamma = log(1 - 2^(-5 - h)), in float32
+    assert np.array_equal(g, np.log(1 - 2.0 ** (-5.0 - np.arange(3, dtype=np.float32))).astype(np.float32))

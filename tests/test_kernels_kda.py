@@ -123,9 +123,9 @@ def test_validation_names_the_argument(change, name):
 def test_validation_batch_with_cu_seqlens_and_head_dim():
     with pytest.raises(ValueError, match="^chunk_kda: cu_seqlens requires batch size B == 1"):
         chunk_kda(*_small_args(B=2), cu_seqlens=jnp.array([0, 8], jnp.int32))
-    with pytest.raises(ValueError, match="^chunk_kda: K "):
+    with pytest.raises(ValueError, match=r"^kda: head dimension K \(q, k\) = "):
         chunk_kda(*_small_args(K=300))
-    with pytest.raises(ValueError, match="^chunk_kda: V "):
+    with pytest.raises(ValueError, match=r"^kda: head dimension V \(v\) = 20 has no kernel"):
         chunk_kda(*_small_args(V=20))
 
 

@@ -76,3 +76,11 @@ def test_mutants_cli_rejects_unknown_mutant(capsys):
     from parity.cli import main
     assert main(["mutants", "--suite", "smoke", "--only", "no-such-mutant"]) == 2
     assert "no-such-mutant" in capsys.readouterr().err
+
+
+def test_kv_swapped_scale_is_invisible_where_k_equals_v(tmp_path):
+    """Why ci needs K != V: with K == V the swapped scale is the right one."""
+    mutant = BY_NAME["kv-swapped-scale"]
+    gate = _run(Case.from_id("simple_gla-fwd-B1-T80-H2-K64-V64-fp32-C64-g_logsig"), ["fla", f"mutant:{mutant.name}"],
+                tmp_path, tpu_targets=())
+    assert score(gate, [mutant])["caught"] == 0

@@ -14,6 +14,29 @@ MAX_HEAD_DIM = 256
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
+class NoKernel(ValueError):
+    """Valid input these kernels have no kernel for (yet): a head dim they cannot tile, a dtype
+    they do not take. Not bad input: the harness reports the case `unsupported` with this message."""
+
+
+def check_supported(op: str, K: int, V: int, dtype, dims_ok, dims_text: str, dtypes) -> None:
+    """NoKernel naming the head dimension or dtype the op's kernels do not handle.
+    dims_ok(d) -> bool says which head dims they tile (`dims_text` in words); dtypes, which
+    q/k/v dtypes they take."""
+    for name, d in (("K (q, k)", K), ("V (v)", V)):
+        if not dims_ok(d):
+            raise NoKernel(f"{op}: head dimension {name} = {d} has no kernel: supported {dims_text}")
+    if dtype is not None and jnp.dtype(dtype) not in [jnp.dtype(t) for t in dtypes]:
+        raise NoKernel(f"{op}: q, k, v dtype {jnp.dtype(dtype).name} has no kernel: supported "
+                       f"{[jnp.dtype(t).name for t in dtypes]}")
+
+
+def simple_gla_supported(K: int, V: int, dtype=None) -> None:
+    """NoKernel unless the Simple GLA kernels take these head dims and dtype."""
+    check_supported("simple_gla", K, V, dtype, lambda d: 1 <= d <= MAX_HEAD_DIM, f"1 to {MAX_HEAD_DIM}",
+                    FLOAT_DTYPES)
+
+
 def is_concrete(x) -> bool:
     """True when x's values are known now (not a tracer under jit/vmap/grad)."""
     return not isinstance(x, jax.core.Tracer)
@@ -36,9 +59,7 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
     V = v.shape[3]
     if T < 1 or H < 1 or B < 1:
         raise ValueError(f"q must have B, T, H >= 1, got shape {q.shape}")
-    for name, d in (("q", K), ("v", V)):
-        if not 1 <= d <= MAX_HEAD_DIM:
-            raise ValueError(f"{name} head dimension must be in [1, {MAX_HEAD_DIM}], got {d}")
+    simple_gla_supported(K, V)
     return B, T, H, K, V
 
 
@@ -69,10 +90,11 @@ def check_chunk_size(chunk_size) -> int:
     return c
 
 
-def check_scale(scale, K: int) -> float:
+def check_scale(scale, K: int, V: int | None = None) -> float:
     """The scale as a Python float (default K ** -0.5)."""
     if scale is None:
-        return K ** -0.5
+        from .mutation import active
+        return (V if active("scale_from_v") and V else K) ** -0.5   # mutation: K and V swapped
     if not is_concrete(scale) or np.ndim(scale) != 0:
         raise ValueError(f"scale must be a Python number or None, got {scale!r}")
     s = float(scale)

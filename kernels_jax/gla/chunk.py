@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels_jax.common import validation
 from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
@@ -247,6 +248,12 @@ def _shape(x, name):
     return tuple(x.shape)
 
 
+def check_supported(K: int, V: int, dtype=None) -> None:
+    """NoKernel unless the kernels tile K and V (powers of two from 16 to 256) and take dtype
+    (float32, bfloat16)."""
+    validation.check_supported("gla", K, V, dtype, lambda d: d in HEAD_DIMS, f"one of {HEAD_DIMS}", INPUT_DTYPES)
+
+
 def _validate(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size):
     """Checks every argument before any kernel runs; returns (B, T, H, K, V, N)."""
     if chunk_size not in CHUNK_SIZES:
@@ -262,13 +269,10 @@ def _validate(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, 
     if len(vs) != 4 or vs[:3] != qs[:3]:
         raise ValueError(f"v must be [B, T, H, V] with B, T, H = {qs[:3]}, got shape {vs}")
     V = vs[3]
-    if K not in HEAD_DIMS:
-        raise ValueError(f"q, k, g head dim K={K} is not supported: expected one of {HEAD_DIMS}")
-    if V not in HEAD_DIMS:
-        raise ValueError(f"v head dim V={V} is not supported: expected one of {HEAD_DIMS}")
+    check_supported(K, V)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if jnp.dtype(x.dtype) not in INPUT_DTYPES:
-            raise ValueError(f"{name} dtype {x.dtype} is not supported: expected float32 or bfloat16")
+            check_supported(K, V, x.dtype)
     if not (jnp.dtype(q.dtype) == jnp.dtype(k.dtype) == jnp.dtype(v.dtype)):
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not jnp.issubdtype(g.dtype, jnp.floating):

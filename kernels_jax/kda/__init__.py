@@ -1,4 +1,4 @@
 """Kimi Delta Attention (KDA): chunked Pallas TPU kernels, forward and backward."""
-from .chunk import chunk_kda
+from .chunk import check_supported, chunk_kda
 
-__all__ = ["chunk_kda"]
+__all__ = ["chunk_kda", "check_supported"]

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels_jax.common import validation
 from kernels_jax.common.platform import interpret_mode
 
 from . import kernels
@@ -41,6 +42,12 @@ def _concrete(x):
     return np.asarray(x)
 
 
+def check_supported(K: int, V: int, dtype=None) -> None:
+    """NoKernel unless the kernels tile K and V (multiples of 8 from 8 to 256); any float dtype."""
+    validation.check_supported("kda", K, V, dtype, lambda d: d % 8 == 0 and 8 <= d <= MAX_DIM,
+                               f"multiples of 8 from 8 to {MAX_DIM}", validation.FLOAT_DTYPES)
+
+
 def _validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size):
     _check(chunk_size in CHUNK_SIZES, "chunk_size", f"must be one of {CHUNK_SIZES}, got {chunk_size!r}")
     _check(getattr(q, "ndim", None) == 4, "q", f"must be [B, T, H, K], got shape {getattr(q, 'shape', None)}")
@@ -58,8 +65,7 @@ def _validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size):
         _check(jnp.issubdtype(x.dtype, jnp.floating), name, f"must be floating point, got {x.dtype}")
     _check(k.dtype == q.dtype and v.dtype == q.dtype, "k", f"and v must have q's dtype {q.dtype}, "
            f"got k {k.dtype}, v {v.dtype}")
-    for name, d in (("K (last axis of q, k, g)", K), ("V (last axis of v)", V)):
-        _check(d % 8 == 0 and 8 <= d <= MAX_DIM, name, f"must be a multiple of 8 in [8, {MAX_DIM}], got {d}")
+    check_supported(K, V)
     if scale is not None:
         _check(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0, "scale",
                f"must be a positive finite number or None, got {scale!r}")

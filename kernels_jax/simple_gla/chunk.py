@@ -400,7 +400,7 @@ def prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens, chunk_size, *
     layout = chunking.plan(B, T, C, cu)
     if initial_state is not None:
         validation.check_float("initial_state", initial_state, (layout.N, H, K, V))
-    return layout, validation.check_scale(scale, K)
+    return layout, validation.check_scale(scale, K, V)
 
 
 def chunk_log_decay(g, g_gamma, layout: chunking.ChunkLayout, H: int):

@@ -64,9 +64,17 @@ class PallasBackend:
         if self.name == "pallas-fused" and not case.uses_g_gamma:
             raise Unsupported(FUSED_ONLY[self.name])
         try:
-            return getattr(importlib.import_module(where[0]), where[1])
+            module = importlib.import_module(where[0])
+            fn = getattr(module, where[1])
         except (ImportError, AttributeError) as e:
             raise Unsupported(f"kernels_jax has no {where[0]}.{where[1]} yet ({e})") from None
+        from cases import storage_dtype
+        from kernels_jax.common.validation import NoKernel
+        try:  # before anything is traced: a missing kernel is `unsupported`, not an error
+            module.check_supported(case.K, case.V, storage_dtype(case, "q"))
+        except NoKernel as e:
+            raise Unsupported(str(e)) from None
+        return fn
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         fn = self.kernel(case)
