@@ -123,7 +123,7 @@ def cmd_run(a) -> int:
     from .records import RecordError
     from .runner import RunConfig, run_cases, shard
     cases = _select_cases(a)
-    specs = list(a.backends) + list(a.candidate or [])
+    specs = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
     try:
         check_specs_isolated(specs, a.timeout)
     except SpecError as e:
@@ -165,6 +165,18 @@ def cmd_run(a) -> int:
             print(f"report: not written: {e}", file=sys.stderr)
             rc = rc or 2
     return rc
+
+
+def _default_backends(cases) -> list[str]:
+    """DEFAULT_BACKENDS less the built-in Pallas kernels that have no kernel for any of the cases
+    (named on stderr); a backend asked for with --backends is always run, and judged."""
+    from .backends.jax_backends import PallasBackend
+    specs = DEFAULT_BACKENDS.split(",")
+    idle = [s for s in specs if s.startswith("pallas") and not PallasBackend(s).applies_to_any(cases)]
+    if idle:
+        print(f"parity run: not running {', '.join(idle)}: no kernel for any selected case "
+              "(--backends to run it anyway)", file=sys.stderr)
+    return [s for s in specs if s not in idle]
 
 
 def _targets(a) -> tuple[str, ...]:
@@ -347,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="run cases through backends and write per-case reports")
     selection(sp, single=True)
-    sp.add_argument("--backends", type=check.backend_list, default=check.backend_list(DEFAULT_BACKENDS),
-                    help=f"comma-separated (default {DEFAULT_BACKENDS})")
+    sp.add_argument("--backends", type=check.backend_list, default=None,
+                    help=f"comma-separated (default {DEFAULT_BACKENDS}, less the built-in kernels that have "
+                         "no kernel for any selected case)")
     sp.add_argument("--candidate", action="append", help="NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK jax or torch (repeatable)")
     sp.add_argument("--out", type=check.output_dir, help="output directory (default reports/<suite>)")
     sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")

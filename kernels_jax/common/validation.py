@@ -12,6 +12,9 @@ import numpy as np
 
 MAX_HEAD_DIM = 256
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+# what the kernels take as q, k, v on a TPU: Mosaic has no float16 vector loads ("Invalid vector
+# type for load" on v5e, v6e and TPU7x alike, measured with the real compiler)
+TPU_DTYPES = (jnp.float32, jnp.bfloat16)
 
 
 class NoKernel(ValueError):
@@ -34,7 +37,7 @@ def check_supported(op: str, K: int, V: int, dtype, dims_ok, dims_text: str, dty
 def simple_gla_supported(K: int, V: int, dtype=None) -> None:
     """NoKernel unless the Simple GLA kernels take these head dims and dtype."""
     check_supported("simple_gla", K, V, dtype, lambda d: 1 <= d <= MAX_HEAD_DIM, f"1 to {MAX_HEAD_DIM}",
-                    FLOAT_DTYPES)
+                    TPU_DTYPES)
 
 
 def is_concrete(x) -> bool:
@@ -59,7 +62,7 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
     V = v.shape[3]
     if T < 1 or H < 1 or B < 1:
         raise ValueError(f"q must have B, T, H >= 1, got shape {q.shape}")
-    simple_gla_supported(K, V)
+    simple_gla_supported(K, V, q.dtype)
     return B, T, H, K, V
 
 

@@ -43,9 +43,10 @@ def _concrete(x):
 
 
 def check_supported(K: int, V: int, dtype=None) -> None:
-    """NoKernel unless the kernels tile K and V (multiples of 8 from 8 to 256); any float dtype."""
+    """NoKernel unless the kernels tile K and V (multiples of 8 from 8 to 256) and take dtype
+    (float32, bfloat16: no float16 on a TPU)."""
     validation.check_supported("kda", K, V, dtype, lambda d: d % 8 == 0 and 8 <= d <= MAX_DIM,
-                               f"multiples of 8 from 8 to {MAX_DIM}", validation.FLOAT_DTYPES)
+                               f"multiples of 8 from 8 to {MAX_DIM}", validation.TPU_DTYPES)
 
 
 def _validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size):
@@ -65,7 +66,7 @@ def _validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size):
         _check(jnp.issubdtype(x.dtype, jnp.floating), name, f"must be floating point, got {x.dtype}")
     _check(k.dtype == q.dtype and v.dtype == q.dtype, "k", f"and v must have q's dtype {q.dtype}, "
            f"got k {k.dtype}, v {v.dtype}")
-    check_supported(K, V)
+    check_supported(K, V, q.dtype)
     if scale is not None:
         _check(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0, "scale",
                f"must be a positive finite number or None, got {scale!r}")

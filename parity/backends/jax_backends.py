@@ -80,6 +80,16 @@ class PallasBackend:
         fn = self.kernel(case)
         return self.execute(fn, case, inputs, implementation=f"{fn.__module__}.{fn.__name__}")
 
+    def applies_to_any(self, cases) -> bool:
+        """Whether kernels_jax has a kernel for at least one of the cases."""
+        for case in cases:
+            try:
+                self.kernel(case)
+                return True
+            except Unsupported:
+                continue
+        return False
+
     def compile_subject(self, case: Case) -> CompileSubject:
         fn = self.kernel(case)
         return CompileSubject(fn, f"{fn.__module__}.{fn.__name__}")
