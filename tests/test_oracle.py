@@ -187,3 +187,19 @@ def test_bad_input_names_the_argument(call, message):
     x = make_inputs(Case("simple_gla", 1, 16, 2, 16, 16))
     with pytest.raises(ValueError, match=message):
         call(x)
+
+
+@pytest.mark.parametrize("K, V", [(60, 100), (128, 64), (32, 512)])
+def test_gla_with_k_not_v_equals_a_numpy_recurrence(K, V):
+    """Head dims off the 64 grid, K > V and V = 512: the oracle against the recurrence
+    S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = (q_t K^-0.5) S_t written here in numpy."""
+    c = Case("gla", 1, 40, 2, K, V, direction="fwd", ht=True, h0=True)
+    x = make_inputs(c)
+    got = oracle_run(c, x)
+    q, k, v, g = (x[n].astype(np.float64) for n in ("q", "k", "v", "g"))
+    S = x["initial_state"][0].astype(np.float64)
+    o = np.zeros((40, 2, V))
+    for t in range(40):
+        S = np.exp(g[0, t])[:, :, None] * S + k[0, t][:, :, None] * v[0, t][:, None, :]
+        o[t] = np.einsum("hk,hkv->hv", q[0, t] * K ** -0.5, S)
+    assert np.abs(got["o"][0] - o).max() < 1e-12 and np.abs(got["ht"][0] - S).max() < 1e-12
