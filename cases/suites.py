@@ -6,6 +6,7 @@ varlen, shapes) through it so that every value of every secondary axis meets eve
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -122,6 +123,7 @@ def full() -> list[Case]:
 FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "scale", "h0", "ht", "seqlens", "direction")
 
 
+@functools.cache
 def fla_tests_sources() -> dict[str, list[str]]:
     """case id -> the FLA tests (file::function[id]) that use its parameters
     (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda}.py as data)."""

@@ -71,12 +71,13 @@ def _select_cases(a) -> list[Case]:
 def cmd_cases(a) -> int:
     from cases.models import label
     cases = _select_cases(a)
+    labels = [label(c) for c in cases]
     if a.json:
-        print(json.dumps([{"id": c.id, **c.to_dict(), **({"label": label(c)} if label(c) else {})} for c in cases],
+        print(json.dumps([{"id": c.id, **c.to_dict(), **({"label": n} if n else {})} for c, n in zip(cases, labels)],
                          indent=1))
     else:
-        for c in cases:
-            print(c.id + (f"    # {label(c)}" if label(c) else ""))
+        for c, n in zip(cases, labels):
+            print(c.id + (f"    # {n}" if n else ""))
         print(f"{len(cases)} cases", file=sys.stderr)
     return 0
 

@@ -135,15 +135,12 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
 
 
 def load_compiles(dirs: list[Path]) -> dict[str, dict[str, dict]]:
-    """case_id -> backend -> compile record (the latest of each)."""
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    for path, rec in iter_results(dirs, kind="compile"):
-        if rec.get("schema") != SCHEMA_VERSION:
-            raise GateRefusal(f"{path}: schema {rec.get('schema')!r}, this gate reads schema {SCHEMA_VERSION}")
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return by_case
+    """case_id -> backend -> compile record, as `load` reads results (no manifest check; records
+    checked by records.check_compile, schema included); GateRefusal on a bad one."""
+    try:
+        return _newest(rec for _, rec in iter_results(dirs, kind="compile"))
+    except RecordError as e:
+        raise GateRefusal(str(e)) from None
 
 
 def compile_problems(rec: dict) -> list[str]:
@@ -359,13 +356,6 @@ def format_compile_summary(c: dict) -> str:
             f"max {c['max_seconds']:.2f} s; largest kernel VMEM operands {vmem}")
 
 
-def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None,
-             allow_mixed_numerics: bool = False) -> dict:
-    """Load, evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
-    by_case, compiles = load(dirs), load_compiles(dirs)
-    if not by_case and not compiles:
-        raise GateRefusal(f"no result records under {', '.join(map(str, dirs))}")
-    result = evaluate(by_case, factor, compiles=compiles, allow_mixed_numerics=allow_mixed_numerics)
 def compared_nothing(result: dict) -> list[dict]:
     """A failure for every candidate that compared no tensor on any case (and compiled nothing
     for TPU): nothing was shown to be as accurate as the reference, so it cannot pass."""

@@ -82,21 +82,17 @@ def default_targets() -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------ libtpu set-up
-_dump: dict[str, Path | None] = {}
-
-
-def _dump_dir() -> Path | None:
-    """Where Mosaic writes its lowered modules in this process; set before libtpu initialises."""
-    if "dir" not in _dump:
-        args = os.environ.get("LIBTPU_INIT_ARGS", "")
-        m = re.search(DUMP_FLAG + r"=(\S+)", args)
-        if m:
-            _dump["dir"] = Path(m.group(1))
-        else:
-            d = Path(tempfile.mkdtemp(prefix="parity-mosaic-"))
-            os.environ["LIBTPU_INIT_ARGS"] = f"{args} {DUMP_FLAG}={d}".strip()
-            _dump["dir"] = d
-    return _dump["dir"]
+@functools.cache
+def _dump_dir() -> Path:
+    """Where Mosaic writes its lowered modules in this process (the user's own --xla_mosaic_dump_to,
+    or a temporary directory); set in LIBTPU_INIT_ARGS before libtpu initialises."""
+    args = os.environ.get("LIBTPU_INIT_ARGS", "")
+    m = re.search(DUMP_FLAG + r"=(\S+)", args)
+    if m:
+        return Path(m.group(1))
+    d = Path(tempfile.mkdtemp(prefix="parity-mosaic-"))
+    os.environ["LIBTPU_INIT_ARGS"] = f"{args} {DUMP_FLAG}={d}".strip()
+    return d
 
 
 @functools.cache
@@ -203,7 +199,7 @@ def _memory(compiled) -> dict:
 
 def _dump_files() -> set[Path]:
     d = _dump_dir()
-    return set(d.iterdir()) if d and d.exists() else set()
+    return set(d.iterdir()) if d.exists() else set()
 
 
 def _clear_dumps(paths) -> None:

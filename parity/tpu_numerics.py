@@ -123,8 +123,7 @@ _TERMS = {1: [(0, 0)], 3: [(1, 0), (0, 1), (0, 0)],
           6: [(2, 0), (0, 2), (1, 1), (1, 0), (0, 1), (0, 0)]}
 
 
-def emulated_dot(lhs, rhs, *, dimension_numbers, precision, preferred_element_type, out_sharding=None,
-                 n_passes: int):
+def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passes: int):
     """The TPU's float32 dot as a sum of passes, each a float32 dot of bfloat16-valued operands
     (products of two bfloat16 numbers are exact in float32; sums in float32). Lowered with
     the rule bypassed (`_state["inner"]`), so each pass is XLA:CPU's own float32 dot."""
@@ -162,7 +161,7 @@ def _install() -> None:
         if n == 0:
             return original(ctx, lhs, rhs, **params)
         fn = functools.partial(emulated_dot, n_passes=n, dimension_numbers=dimension_numbers,
-                               precision=precision, preferred_element_type=preferred_element_type)
+                               preferred_element_type=preferred_element_type)
         _state["inner"] = True
         try:
             return mlir.lower_fun(fn, multiple_results=False)(ctx, lhs, rhs)

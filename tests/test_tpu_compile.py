@@ -105,3 +105,17 @@ def test_gate_refuses_a_missing_compile_record(tmp_path, capsys):
     (tmp_path / "pallas-fused" / f"{case}.compile.json").unlink()
     assert main(["gate", str(tmp_path)]) == 2
     assert f"{case} [pallas-fused] TPU compile" in capsys.readouterr().err
+
+
+@requires_libtpu
+def test_a_compile_record_whose_verdict_its_targets_contradict_is_refused(tmp_path, capsys):
+    """The gate and the page trust a compile record's verdict; the reader holds it to its targets."""
+    spec = "bad=pallas:tests.tpu_candidates:bf16_fp32_contract"
+    assert main(["compile", "--case", BF16, "--candidate", spec, "--backends", "pallas",
+                 "--tpu-targets", "v5e", "--out", str(tmp_path)]) == 1
+    path = tmp_path / "bad" / f"{BF16}.compile.json"
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "verdict": "pass"}))   # claims a pass over a failed target
+    capsys.readouterr()
+    assert main(["gate", str(tmp_path)]) == 2
+    assert "field verdict='pass' is invalid: expected 'compile-error'" in capsys.readouterr().err

@@ -26,9 +26,6 @@ REFERENCE = "fla"
 TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
 PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
-# the page's verdicts: the records' plus a compile record's ("compile-error": a candidate that
-# does not compile for a TPU target is as broken as one that errors)
-PAGE_VERDICTS = VERDICT_ORDER
 COMPILE_LABEL = "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed)"
 TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
@@ -121,7 +118,7 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
 # ------------------------------------------------------------------ TPU compile records
 def _worst(verdicts) -> str:
     """worst_verdict over the page's verdicts (compile verdicts included; unknown ones count as error)."""
-    rank = {v: i for i, v in enumerate(PAGE_VERDICTS)}
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
     return min(verdicts, key=lambda v: rank.get(v, 0), default="pass")
 
 
@@ -136,18 +133,6 @@ def _error_line(entry: dict) -> str:
 
 def _mismatches(entry: dict) -> list:
     return list((entry.get("numerics") or {}).get("mismatches") or [])
-
-
-def compile_verdict(rec: dict) -> str:
-    """compile-error when a target failed, numerics-mismatch when a compiled kernel's matmul classes
-    differ from the numerics model, else the record's own verdict (pass)."""
-    targets = _targets(rec).values()
-    if any(not e.get("ok") for e in targets):
-        return "compile-error"
-    if any(_mismatches(e) for e in targets):
-        return "numerics-mismatch"
-    v = rec.get("verdict", "pass")
-    return v if v in PAGE_VERDICTS else "compile-error"
 
 
 def compile_target_order(compile_by_case: dict) -> list[str]:
@@ -168,7 +153,7 @@ def compile_cell(rec: dict | None) -> dict | None:
     failing = [f"{b}: {t}" for b, r in rec.items() for t, e in _targets(r).items() if not e.get("ok")]
     errors = [f"{b} on {t}: {_error_line(e)}" for b, r in rec.items() for t, e in _targets(r).items() if not e.get("ok")]
     mism = [f"{b}: {t} numerics" for b, r in rec.items() for t, e in _targets(r).items() if e.get("ok") and _mismatches(e)]
-    cell = {"v": _worst(compile_verdict(r) for r in rec.values()), "f": "; ".join(failing + mism) or None,
+    cell = {"v": _worst(r["verdict"] for r in rec.values()), "f": "; ".join(failing + mism) or None,
             "err": "\n".join(errors)[:600] or None,
             "ok": sum(1 for r in rec.values() for e in _targets(r).values() if e.get("ok")),
             "n": sum(len(_targets(r)) for r in rec.values())}
@@ -202,8 +187,8 @@ def compile_summary(compile_by_case: dict, index: dict[str, int], targets: list[
             cells[t] = {"ok": ok, "s": f"{s:.2f}" if isinstance(s, (int, float)) else "?",
                         "err": None if ok else _error_line(e), "mm": len(_mismatches(e)) if ok else 0}
         matrix.append({"n": index.get(r["case_id"]), "id": r["case_id"], "backend": r["backend"],
-                       "verdict": compile_verdict(r), "program": r.get("program", ""), "cells": cells})
-    rank = {v: i for i, v in enumerate(PAGE_VERDICTS)}
+                       "verdict": r["verdict"], "program": r.get("program", ""), "cells": cells})
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
     matrix.sort(key=lambda m: rank.get(m["verdict"], 0))  # stable: failures first, then by case id
     pairs = len(recs)
     failures = [f"{c['failed']} of {c['pairs']} (case, candidate) pairs fail on {t}" for t, c in by_target.items() if c["failed"]]
@@ -318,7 +303,7 @@ def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: li
 
 
 def _ordered_counts(counter: Counter) -> dict:
-    known = [v for v in PAGE_VERDICTS if v in counter]
+    known = [v for v in VERDICT_ORDER if v in counter]
     return {v: counter[v] for v in known + sorted(set(counter) - set(known))}
 
 
@@ -358,7 +343,7 @@ def compile_detail(rec: dict, targets: list[str]) -> dict:
                                     "host", "repro", "run_id")}
     entries = _targets(rec)
     order = [t for t in targets if t in entries] + sorted(set(entries) - set(targets))
-    return {**keep, "verdict": compile_verdict(rec), "targets": [{"target": t, **entries[t]} for t in order]}
+    return {**keep, "verdict": rec["verdict"], "targets": [{"target": t, **entries[t]} for t in order]}
 
 
 def case_detail(row: dict, recs: dict, gate_case: dict, backends: list[str], compile_recs: dict | None = None,
@@ -402,7 +387,7 @@ def build_report(dirs: list[Path]) -> dict:
     s["compile_records"] = sum(len(v) for v in compiles.values())
     return {"summary": s, "backends": backends,
             "sides": {b: next(r[b]["side"] for r in by_case.values() if b in r) for b in backends},
-            "verdict_order": list(PAGE_VERDICTS), "compile_targets": targets, "rows": rows, "details": details}
+            "verdict_order": list(VERDICT_ORDER), "compile_targets": targets, "rows": rows, "details": details}
 
 
 # ------------------------------------------------------------------ writing
