@@ -1,4 +1,5 @@
-"""In-kernel helpers: float32-accumulating matmuls and safe decay matrices.
+"""In-kernel helpers shared by every kernel: the matmul, the state-passing stages, safe decay
+matrices and the compiler parameters.
 
 Safe decays: a log-decay cumulative sum b is non-increasing inside a chunk, so
 exp(b_i - b_j) <= 1 for i >= j, while the upper triangle (i < j) can overflow float32
@@ -16,25 +17,56 @@ from .mutation import active
 F32 = jnp.float32
 
 
-def dot(a, b, trans_a: bool = False, trans_b: bool = False):
-    """a @ b (a^T / b^T when asked) accumulated in float32.
+def dot(a, b, *, trans_a: bool = False, trans_b: bool = False, piece: int | None = None):
+    """a @ b (a^T / b^T when asked) with a float32 accumulator, the one matmul of every kernel.
 
-    bf16 x bf16: one MXU pass at DEFAULT precision; the products of two bfloat16 numbers are
-    exact in float32, so nothing is lost, and Mosaic rejects a bf16 matmul that asks for
-    float32 contract precision ("Bad lhs type" on every TPU generation).
-    Anything else: both operands in float32 at HIGHEST (six bf16 passes on the MXU, about
-    float32 accuracy); DEFAULT would round each float32 operand to bfloat16 (one pass,
-    ~2e-3 relative error: less accurate than FLA's TF32 on a GPU)."""
-    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    Operand precision, by operand dtype (what the MXU does with it, on every TPU generation):
+      bf16 x bf16: one MXU pass at DEFAULT precision; the products of two bfloat16 numbers are
+        exact in float32, so nothing is lost (and Mosaic rejects a bf16 matmul that asks for
+        float32 contract precision: "Bad lhs type" on v5e, v6e and TPU7x);
+      anything else: both operands in float32 at HIGHEST (six bf16 passes, about float32
+        accuracy); DEFAULT would round each float32 operand to bfloat16 (one pass, ~2e-3
+        relative error: less accurate than FLA's TF32 on a GPU).
+    piece: a contraction longer than `piece` is summed in two levels (pieces of `piece` terms,
+    then the partial products), which keeps float32 accumulation error at FLA's level (its
+    tiles are 16 to 64 wide) for long contractions."""
+    ca, cb = (0 if trans_a else 1), (1 if trans_b else 0)
+    dims = (((ca,), (cb,)), ((), ()))
     if a.dtype == b.dtype == jnp.bfloat16:
         # mutation: a bf16 matmul asking for float32 contract precision (runs in interpret mode,
         # Mosaic rejects it)
         precision = lax.Precision.HIGHEST if active("bf16_dot_fp32_contract") else None
+    else:
+        a, b = a.astype(F32), b.astype(F32)
+        # mutation: float32 dots at DEFAULT (one bf16 pass on a TPU)
+        precision = None if active("f32_dot_default_precision") else lax.Precision.HIGHEST
+    length = a.shape[ca]
+    if piece is None or length <= piece:
         return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
-    a, b = a.astype(F32), b.astype(F32)
-    # mutation: float32 dots at DEFAULT (one bf16 pass on a TPU)
-    precision = None if active("f32_dot_default_precision") else lax.Precision.HIGHEST
-    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
+    out = None
+    for start in range(0, length, piece):
+        stop = min(start + piece, length)
+        part = lax.dot_general(lax.slice_in_dim(a, start, stop, axis=ca), lax.slice_in_dim(b, start, stop, axis=cb),
+                               dims, precision=precision, preferred_element_type=F32)
+        out = part if out is None else out + part
+    return out
+
+
+def advance_state(S, k, v, decay_chunk, decay_to_end, piece: int | None = None):
+    """The state after one chunk, S [K, V] -> decay_chunk * S + (k * decay_to_end)^T v.
+
+    k [C, K]; v [C, V]; decay_chunk: the decay over the whole chunk, [1, 1] (a scalar gate) or
+    [K, 1] (per channel); decay_to_end: from each token to the chunk's end, [C, 1] or [C, K].
+    The state-passing stage of Simple GLA and GLA alike (FLA's chunk_fwd_h)."""
+    return decay_chunk * S + dot(k * decay_to_end, v, trans_a=True, piece=piece)
+
+
+def state_grad_step(dS, q, do, decay_chunk, decay_from_start, scale: float, piece: int | None = None):
+    """The state gradient one chunk earlier, dS [K, V] -> decay_chunk * dS + scale (q * decay_from_start)^T do.
+
+    q [C, K]; do [C, V]; decay_chunk as in advance_state; decay_from_start: from the chunk's
+    start to each token, [C, 1] or [C, K] (FLA's chunk_bwd_dh)."""
+    return decay_chunk * dS + scale * dot(q * decay_from_start, do, trans_a=True, piece=piece)
 
 
 def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False, unmasked: bool = False,

@@ -1,43 +1,73 @@
-"""Input checks shared by the kernels_jax ops, run before any kernel is traced.
+"""The one input contract of the kernels_jax ops, checked before anything is traced.
 
-Every failure is a ValueError whose message starts with the argument's name, e.g.
-"g_gamma must be <= 0 ...". Layout is FLA's: q, k [B, T, H, K]; v [B, T, H, V];
-initial_state [N, H, K, V] with N = B, or the number of packed sequences with cu_seqlens.
+Every op takes FLA's layout: q, k [B, T, H, K]; v [B, T, H, V]; initial_state [N, H, K, V]
+with N = B, or the number of packed sequences when cu_seqlens [N + 1] is given (B == 1).
+One rule set for all three ops (`validate`):
+
+    q, k, v      rank 4, one float dtype; B, T, H >= 1
+    gates        simple_gla: g [B, T, H] or g_gamma [H] or neither (not both);
+                 gla: g [B, T, H, K]; kda: g [B, T, H, K] and beta [B, T, H]
+                 log-decays (g, g_gamma) must be finite and <= 0 where their values are known
+                 (a positive decay overflows exp inside a chunk: seed 001)
+    scale        None (K ** -0.5) or a finite number > 0
+    chunk_size   one of CHUNK_SIZES
+    cu_seqlens   integer [N + 1], B == 1, from 0 to T, non-decreasing (an empty sequence
+                 passes its initial state through); concrete or traced
+    initial_state  floating [N, H, K, V]
+
+Bad input raises ValueError: "<op>: <argument> must ..., got ...". Valid input the kernels
+have no kernel for (a head dim past MAX_K / MAX_V, float16) raises NoKernel, which the
+harness records as `unsupported`.
 """
 from __future__ import annotations
+
+import dataclasses
+import numbers
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-MAX_HEAD_DIM = 256
-FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+from .mutation import active
+
+OPS = ("simple_gla", "gla", "kda")
+CHUNK_SIZES = (16, 32, 64, 128)
+MAX_K = 256
+MAX_V = 512
+FLOAT_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
 # what the kernels take as q, k, v on a TPU: Mosaic has no float16 vector loads ("Invalid vector
 # type for load" on v5e, v6e and TPU7x alike, measured with the real compiler)
-TPU_DTYPES = (jnp.float32, jnp.bfloat16)
+TPU_DTYPES = tuple(jnp.dtype(t) for t in (jnp.float32, jnp.bfloat16))
 
 
 class NoKernel(ValueError):
-    """Valid input these kernels have no kernel for (yet): a head dim they cannot tile, a dtype
+    """Valid input these kernels have no kernel for (yet): a head dim past MAX_K / MAX_V, a dtype
     they do not take. Not bad input: the harness reports the case `unsupported` with this message."""
 
 
-def check_supported(op: str, K: int, V: int, dtype, dims_ok, dims_text: str, dtypes) -> None:
-    """NoKernel naming the head dimension or dtype the op's kernels do not handle.
-    dims_ok(d) -> bool says which head dims they tile (`dims_text` in words); dtypes, which
-    q/k/v dtypes they take."""
-    for name, d in (("K (q, k)", K), ("V (v)", V)):
-        if not dims_ok(d):
-            raise NoKernel(f"{op}: head dimension {name} = {d} has no kernel: supported {dims_text}")
-    if dtype is not None and jnp.dtype(dtype) not in [jnp.dtype(t) for t in dtypes]:
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a valid call asks for: sizes, the scale to use and the chunk size."""
+    op: str
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    N: int          # sequences (rows of the state): B, or len(cu_seqlens) - 1
+    chunk_size: int
+    scale: float
+
+
+def check_supported(K: int, V: int, dtype=None, op: str = "kernels_jax") -> None:
+    """NoKernel naming the head dimension or dtype no kernel handles (the same for every op:
+    any K in 1..MAX_K and V in 1..MAX_V, padded to the op's tiles; float32 or bfloat16)."""
+    for name, d, top in (("K (q, k)", K, MAX_K), ("V (v)", V, MAX_V)):
+        if not 1 <= d <= top:
+            raise NoKernel(f"{op}: head dimension {name} = {d} has no kernel: supported 1 to {top}")
+    if dtype is not None and jnp.dtype(dtype) not in TPU_DTYPES:
         raise NoKernel(f"{op}: q, k, v dtype {jnp.dtype(dtype).name} has no kernel: supported "
-                       f"{[jnp.dtype(t).name for t in dtypes]}")
-
-
-def simple_gla_supported(K: int, V: int, dtype=None) -> None:
-    """NoKernel unless the Simple GLA kernels take these head dims and dtype."""
-    check_supported("simple_gla", K, V, dtype, lambda d: 1 <= d <= MAX_HEAD_DIM, f"1 to {MAX_HEAD_DIM}",
-                    TPU_DTYPES)
+                       f"{[t.name for t in TPU_DTYPES]}")
 
 
 def is_concrete(x) -> bool:
@@ -45,85 +75,111 @@ def is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def check_qkv(q, k, v) -> tuple[int, int, int, int, int]:
-    """(B, T, H, K, V) of q, k [B, T, H, K] and v [B, T, H, V] after checking ranks and dtypes."""
+class _Checker:
+    """Raises ValueError("<op>: <name> must ..., got ...")."""
+
+    def __init__(self, op: str):
+        self.op = op
+
+    def fail(self, name: str, must: str, got) -> None:
+        raise ValueError(f"{self.op}: {name} must {must}, got {got}")
+
+    def array(self, name: str, x, shape: tuple[int, ...] | None = None, rank: int | None = None):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            self.fail(name, "be an array", type(x).__name__)
+        if rank is not None and len(x.shape) != rank:
+            self.fail(name, f"have rank {rank}", f"shape {tuple(x.shape)}")
+        if shape is not None and tuple(x.shape) != tuple(shape):
+            self.fail(name, f"have shape {tuple(shape)}", tuple(x.shape))
+
+    def floating(self, name: str, x, shape: tuple[int, ...]):
+        self.array(name, x, shape)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            self.fail(name, "be floating point", x.dtype)
+
+    def log_decay(self, name: str, x, shape: tuple[int, ...]):
+        self.floating(name, x, shape)
+        if is_concrete(x):
+            arr = np.asarray(x, np.float64)
+            if not np.all(np.isfinite(arr)):
+                self.fail(name, "be finite", f"{arr[~np.isfinite(arr)][:4]}")
+            if np.any(arr > 0):
+                self.fail(name, "be <= 0 (a log-decay: exp of a positive decay overflows)", f"max {arr.max()}")
+
+    def absent(self, name: str, x, why: str):
+        if x is not None:
+            self.fail(name, f"be None ({why})", type(x).__name__)
+
+
+def validate(op: str, q, k, v, *, g=None, g_gamma=None, beta=None, scale=None, initial_state=None,
+             output_final_state=False, cu_seqlens=None, chunk_size=64, require_g_gamma=False) -> Problem:
+    """Check every argument of an op's entry point (op: one of OPS); -> Problem.
+    require_g_gamma: the fused Simple GLA path, which takes per-head g_gamma gating only."""
+    chk = _Checker(op)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if jnp.ndim(x) != 4:
-            raise ValueError(f"{name} must have rank 4 [B, T, H, D], got shape {jnp.shape(x)}")
-        if jnp.result_type(x) not in FLOAT_DTYPES:
-            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {jnp.result_type(x)}")
+        chk.array(name, x, rank=4)
+        if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
+            chk.fail(name, f"have a float dtype {[t.name for t in FLOAT_DTYPES]}", x.dtype)
     B, T, H, K = q.shape
-    if k.shape != q.shape:
-        raise ValueError(f"k must have the shape of q {q.shape} [B, T, H, K], got {k.shape}")
-    if v.shape[:3] != (B, T, H):
-        raise ValueError(f"v must have shape [B, T, H, V] = [{B}, {T}, {H}, V], got {v.shape}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if min(B, T, H, K) < 1:
+        chk.fail("q", "have B, T, H, K >= 1", f"shape {tuple(q.shape)}")
+    chk.array("k", k, shape=q.shape)
+    if tuple(v.shape[:3]) != (B, T, H) or v.shape[3] < 1:
+        chk.fail("v", f"have shape [B, T, H, V] = [{B}, {T}, {H}, V >= 1]", tuple(v.shape))
     V = v.shape[3]
-    if T < 1 or H < 1 or B < 1:
-        raise ValueError(f"q must have B, T, H >= 1, got shape {q.shape}")
-    simple_gla_supported(K, V, q.dtype)
-    return B, T, H, K, V
-
-
-def check_float(name: str, x, shape: tuple[int, ...]) -> None:
-    """x has exactly `shape` and a floating dtype."""
-    if tuple(jnp.shape(x)) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(jnp.shape(x))}")
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise ValueError(f"{name} must be a floating dtype, got {jnp.result_type(x)}")
-
-
-def check_nonpositive(name: str, x) -> None:
-    """A log-decay must be <= 0 (exp of a positive decay overflows); checked when x is concrete."""
-    if is_concrete(x):
-        arr = np.asarray(x, dtype=np.float64)
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be finite, got {arr.ravel()[~np.isfinite(arr.ravel())][:4]}")
-        if np.any(arr > 0):
-            raise ValueError(f"{name} must be <= 0 (a log-decay), got max {arr.max()}")
-
-
-def check_chunk_size(chunk_size) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-        raise ValueError(f"chunk_size must be an int, got {chunk_size!r}")
-    c = int(chunk_size)
-    if c < 16 or c & (c - 1):
-        raise ValueError(f"chunk_size must be a power of two >= 16, got {c}")
-    return c
-
-
-def check_scale(scale, K: int, V: int | None = None) -> float:
-    """The scale as a Python float (default K ** -0.5)."""
+    if not jnp.dtype(q.dtype) == jnp.dtype(k.dtype) == jnp.dtype(v.dtype):
+        chk.fail("k and v", f"have q's dtype {q.dtype} (one dtype)", f"k {k.dtype}, v {v.dtype}")
+    if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
+        chk.fail("chunk_size", f"be one of {CHUNK_SIZES}", repr(chunk_size))
+    if op == "simple_gla":
+        if g is not None and g_gamma is not None:
+            chk.fail("g", "be None when g_gamma is given (one gate, not both)", "both")
+        if require_g_gamma and g_gamma is None:
+            chk.fail("g_gamma", "be given: the fused path supports per-head g_gamma gating only", None)
+        if g is not None:
+            chk.log_decay("g", g, (B, T, H))
+        if g_gamma is not None:
+            chk.log_decay("g_gamma", g_gamma, (H,))
+        chk.absent("beta", beta, "simple_gla has no beta")
+    elif op in ("gla", "kda"):
+        if g is None:
+            chk.fail("g", f"be given: {op} needs a per-channel log-decay [B, T, H, K]", None)
+        chk.log_decay("g", g, (B, T, H, K))
+        chk.absent("g_gamma", g_gamma, f"{op} gates per channel with g")
+        if op == "kda":
+            if beta is None:
+                chk.fail("beta", "be given: kda needs beta [B, T, H]", None)
+            chk.floating("beta", beta, (B, T, H))
+        else:
+            chk.absent("beta", beta, "gla has no beta")
+    else:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (numbers.Real, np.ndarray, jax.Array)) \
+                or not is_concrete(scale) or np.ndim(scale) != 0:
+            chk.fail("scale", "be None (K ** -0.5) or a Python number", repr(scale))
+        if not (np.isfinite(float(scale)) and float(scale) > 0):
+            chk.fail("scale", "be finite and > 0", float(scale))
+    if not isinstance(output_final_state, (bool, np.bool_)):
+        chk.fail("output_final_state", "be a bool", repr(output_final_state))
+    N = B
+    if cu_seqlens is not None:
+        chk.array("cu_seqlens", cu_seqlens, rank=1)
+        if not jnp.issubdtype(cu_seqlens.dtype, jnp.integer):
+            chk.fail("cu_seqlens", "be an integer array [N + 1]", cu_seqlens.dtype)
+        if cu_seqlens.shape[0] < 2:
+            chk.fail("cu_seqlens", "have N + 1 >= 2 entries", f"shape {tuple(cu_seqlens.shape)}")
+        if B != 1:
+            chk.fail("cu_seqlens", "come with B == 1 (sequences packed along T)", f"B = {B}")
+        if is_concrete(cu_seqlens):
+            cu = np.asarray(cu_seqlens)
+            if cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0):
+                chk.fail("cu_seqlens", f"rise from 0 to T = {T} without decreasing", cu.tolist())
+        N = cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        chk.floating("initial_state", initial_state, (N, H, K, V))
+    check_supported(K, V, q.dtype, op)
     if scale is None:
-        from .mutation import active
-        return (V if active("scale_from_v") and V else K) ** -0.5   # mutation: K and V swapped
-    if not is_concrete(scale) or np.ndim(scale) != 0:
-        raise ValueError(f"scale must be a Python number or None, got {scale!r}")
-    s = float(scale)
-    if not np.isfinite(s):
-        raise ValueError(f"scale must be finite, got {s}")
-    return s
-
-
-def check_cu_seqlens(cu_seqlens, B: int, T: int) -> tuple[int, ...] | None:
-    """The boundaries [N + 1] as a tuple of ints (0 = cu[0] < ... < cu[N] = T), or None."""
-    if cu_seqlens is None:
-        return None
-    if not is_concrete(cu_seqlens):
-        raise ValueError("cu_seqlens must be concrete (numpy or a concrete jax array), not traced: "
-                         "the packed layout is planned on the host")
-    cu = np.asarray(cu_seqlens)
-    if not np.issubdtype(cu.dtype, np.integer):
-        raise ValueError(f"cu_seqlens must be an integer array, got {cu.dtype}")
-    if B != 1:
-        raise ValueError(f"cu_seqlens requires B == 1 (packed sequences), got B={B}")
-    if cu.ndim != 1 or cu.size < 2:
-        raise ValueError(f"cu_seqlens must be a 1-D array [N + 1] with N >= 1, got shape {cu.shape}")
-    if cu[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {cu[0]}")
-    if np.any(np.diff(cu) <= 0):
-        raise ValueError(f"cu_seqlens must be strictly increasing, got {cu.tolist()}")
-    if cu[-1] != T:
-        raise ValueError(f"cu_seqlens must end at T={T}, got {cu[-1]}")
-    return tuple(int(x) for x in cu)
+        # mutation suite: the default scale taken from V instead of K
+        scale = (V if active("scale_from_v") else K) ** -0.5
+    return Problem(op, B, T, H, K, V, N, int(chunk_size), float(scale))

@@ -1,4 +1,10 @@
 """GLA (per-channel log-decay gate) as Pallas TPU kernels: `chunk_gla` (FLA's convention)."""
-from .chunk import check_supported, chunk_gla
+import functools
+
+from kernels_jax.common import validation
+
+from .chunk import chunk_gla
+
+check_supported = functools.partial(validation.check_supported, op="gla")
 
 __all__ = ["chunk_gla", "check_supported"]

@@ -10,30 +10,27 @@ Kernels (grid over heads and chunks, chunks sequential, the state in VMEM scratc
               every chunk start;
     backward: grid (H, NT) in reverse, the state gradient carried backwards, dq, dk, dv,
               dg and the initial-state gradient.
-Shapes (FLA layout): q, k, g [B, T, H, K]; v [B, T, H, V]; states [N, H, K, V] float32.
+Shapes (FLA layout): q, k, g [B, T, H, K]; v [B, T, H, V]; states [N, H, K, V] float32; the
+kernels see the packed layout of common/layout.py with K and V padded to multiples of 32.
 """
 from __future__ import annotations
 
 import functools
-import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_jax.common import validation
+from kernels_jax.common.config import KernelConfig, prepare
+from kernels_jax.common.kernel_math import advance_state, params, state_grad_step
+from kernels_jax.common.layout import ChunkLayout
 from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
 from . import intra
-from .layout import Layout, dense_layout, varlen_layout
 
-CHUNK_SIZES = (16, 32, 64, 128)
-HEAD_DIMS = (16, 32, 64, 128, 256)
-INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-MAX_V_TILE = 128
+ALIGN = intra.LANE_PIECE   # head dims padded to whole pieces of the in-kernel contractions
 SEGMENT = 64        # backward: the gate gradient of longer chunks goes through the state every 64 rows
 
 
@@ -50,7 +47,7 @@ def _fwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, v_ref, g_ref, h0_ref
     t = pl.program_id(2)
 
     @pl.when(first_ref[t] == 1)
-    def _():
+    def load_initial_state():
         state_ref[...] = h0_ref[...].astype(jnp.float32)
 
     S = state_ref[...]
@@ -73,7 +70,7 @@ def _fwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, v_ref, g_ref, h0_ref
     _, g_last_col = sums.total(tot)
     if active("gla_decay_last_row_only"):  # mutation suite: the state decays by the last row's gate only
         g_last_col = intra.dot_tn(g[C - 1:C, :], jnp.ones((1, 1), jnp.float32))
-    S = jnp.exp(g_last_col) * S + intra.dot_tn(k * jnp.exp(sums.suffix(loc, tot)), v, intra.SUB)
+    S = advance_state(S, k, v, jnp.exp(g_last_col), jnp.exp(sums.suffix(loc, tot)), piece=intra.SUB)
     state_ref[...] = S
     ht_ref[...] = S
 
@@ -94,8 +91,8 @@ def _dg_mid(sums, loc, tot, q, k, v, do, S, dS, scale):
     g_before, g_after = sums.split(tot, SEGMENT)                          # [K, 1] each
     k_mid = jnp.where(first, k * jnp.exp(jnp.minimum(to_mid, 0.0)), 0.0)
     q_mid = jnp.where(first, 0.0, q * jnp.exp(jnp.minimum(from_mid, 0.0)))
-    S_mid = jnp.exp(g_before) * S + intra.dot_tn(k_mid, v, intra.SUB)
-    dS_mid = jnp.exp(g_after) * dS + scale * intra.dot_tn(q_mid, do, intra.SUB)
+    S_mid = advance_state(S, k_mid, v, jnp.exp(g_before), 1.0, piece=intra.SUB)
+    dS_mid = state_grad_step(dS, q_mid, do, jnp.exp(g_after), 1.0, scale, piece=intra.SUB)
     return intra.dot_nt(jnp.ones((1, v.shape[1]), jnp.float32), S_mid * dS_mid, intra.LANE_PIECE)
 
 
@@ -107,7 +104,7 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, v_ref, g_ref, hs_ref
     t = pl.num_programs(1) - 1 - pl.program_id(1)
 
     @pl.when(last_ref[t] == 1)
-    def _():
+    def load_final_state_grad():
         dstate_ref[...] = dht_ref[...].astype(jnp.float32)
 
     dS = dstate_ref[...]                     # gradient of the state at the chunk end
@@ -145,7 +142,7 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, v_ref, g_ref, hs_ref
         dg_mid = _dg_mid(sums, loc, tot, q, k, v, do, S, dS, scale)
         first = intra.iota((C, 1), 0) < SEGMENT
         dg = sums.reverse_cumsum(dgc, SEGMENT) + jnp.where(first, dg_mid, dg_last)
-    dS = scale * intra.dot_tn(q * q_decay, do, intra.SUB) + jnp.exp(g_last_col) * dS
+    dS = state_grad_step(dS, q, do, jnp.exp(g_last_col), q_decay, scale, piece=intra.SUB)
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -155,18 +152,11 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, v_ref, g_ref, hs_ref
 
 
 # ---------------------------------------------------------------- pallas calls
-def _compiler_params(semantics):
-    return pltpu.CompilerParams(dimension_semantics=semantics)
-
-
-def _fwd_call(q, k, v, g, h0, seq, first, last, *, scale, chunk, save_states):
+def _fwd_call(q, k, v, g, h0, seq, first, last, cfg: KernelConfig, *, save_states):
     """Packed q, k, g [H, NT * C, K]; v [H, NT * C, V]; h0 [N, H, K, V] ->
     (o [H, NT * C, V], ht [N, H, K, V] float32[, hs [H, NT, K, V] float32])."""
-    H, TP, K = q.shape
-    V = v.shape[-1]
-    N = h0.shape[0]
-    NT = TP // chunk
-    BV = min(V, MAX_V_TILE)
+    H, K, V, N, NT, chunk, BV = cfg.H, cfg.K, cfg.V, cfg.N, cfg.NT, cfg.C, cfg.bv
+    TP = NT * chunk
     tok_k = pl.BlockSpec((None, chunk, K), lambda h, iv, t, *_: (h, t, 0))
     tok_v = pl.BlockSpec((None, chunk, BV), lambda h, iv, t, *_: (h, t, iv))
     state = pl.BlockSpec((None, None, K, BV), lambda h, iv, t, seq, *_: (seq[t], h, 0, iv))
@@ -180,20 +170,17 @@ def _fwd_call(q, k, v, g, h0, seq, first, last, *, scale, chunk, save_states):
         in_specs=[tok_k, tok_k, tok_v, tok_k, state], out_specs=out_specs,
         scratch_shapes=[pltpu.VMEM((K, BV), jnp.float32), pltpu.VMEM((chunk, K), jnp.float32),
                         pltpu.VMEM((chunk, BV), jnp.float32)])
-    kernel = functools.partial(_fwd_kernel, scale=scale, save_states=save_states)
+    kernel = functools.partial(_fwd_kernel, scale=cfg.scale, save_states=save_states)
     return pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape,
-        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
+        compiler_params=params("parallel", "parallel", "arbitrary"),
         interpret=interpret_mode(), name="gla_chunk_fwd")(seq, first, last, q, k, v, g, h0)
 
 
-def _bwd_call(q, k, v, g, hs, do, dht, seq, first, last, *, scale, chunk):
+def _bwd_call(q, k, v, g, hs, do, dht, seq, first, last, cfg: KernelConfig):
     """Packed inputs as in _fwd_call, hs [H, NT, K, V], do [H, NT * C, V], dht [N, H, K, V] ->
     (dq, dk [H, NT * C, K] (input dtypes), dv, dg float32 [H, NT * C, K], dh0 [N, H, K, V])."""
-    H, TP, K = q.shape
-    V = v.shape[-1]
-    N = dht.shape[0]
-    NT = TP // chunk
+    H, K, V, N, NT, chunk = cfg.H, cfg.K, cfg.V, cfg.N, cfg.NT, cfg.C
 
     def rev(t):
         return NT - 1 - t
@@ -213,28 +200,28 @@ def _bwd_call(q, k, v, g, hs, do, dht, seq, first, last, *, scale, chunk):
                  jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(g.shape, jnp.float32),
                  jax.ShapeDtypeStruct((N, H, K, V), jnp.float32)]
     return pl.pallas_call(
-        functools.partial(_bwd_kernel, scale=scale), grid_spec=grid_spec, out_shape=out_shape,
-        compiler_params=_compiler_params(("parallel", "arbitrary")),
+        functools.partial(_bwd_kernel, scale=cfg.scale), grid_spec=grid_spec, out_shape=out_shape,
+        compiler_params=params("parallel", "arbitrary"),
         interpret=interpret_mode(), name="gla_chunk_bwd")(seq, first, last, q, k, v, g, hs, do, dht)
 
 
 # ---------------------------------------------------------------- autodiff
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
-def _gla_packed(q, k, v, g, h0, seq, first, last, scale, chunk):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _gla_packed(q, k, v, g, h0, seq, first, last, cfg: KernelConfig):
     """Packed forward -> (o [H, NT * C, V], ht [N, H, K, V])."""
-    return tuple(_fwd_call(q, k, v, g, h0, seq, first, last, scale=scale, chunk=chunk, save_states=False))
+    return tuple(_fwd_call(q, k, v, g, h0, seq, first, last, cfg, save_states=False))
 
 
-def _gla_packed_fwd(q, k, v, g, h0, seq, first, last, scale, chunk):
-    o, ht, hs = _fwd_call(q, k, v, g, h0, seq, first, last, scale=scale, chunk=chunk, save_states=True)
+def _gla_packed_fwd(q, k, v, g, h0, seq, first, last, cfg):
+    o, ht, hs = _fwd_call(q, k, v, g, h0, seq, first, last, cfg, save_states=True)
     return (o, ht), (q, k, v, g, hs, seq, first, last)
 
 
-def _gla_packed_bwd(scale, chunk, residuals, cotangents):
+def _gla_packed_bwd(cfg, residuals, cotangents):
     q, k, v, g, hs, seq, first, last = residuals
     do, dht = cotangents
     dq, dk, dv, dg, dh0 = _bwd_call(q, k, v, g, hs, do.astype(v.dtype), dht.astype(jnp.float32),
-                                    seq, first, last, scale=scale, chunk=chunk)
+                                    seq, first, last, cfg)
     return dq, dk, dv, dg, dh0, None, None, None
 
 
@@ -242,68 +229,6 @@ _gla_packed.defvjp(_gla_packed_fwd, _gla_packed_bwd)
 
 
 # ---------------------------------------------------------------- public entry point
-def _shape(x, name):
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise ValueError(f"{name} must be an array, got {type(x).__name__}")
-    return tuple(x.shape)
-
-
-def check_supported(K: int, V: int, dtype=None) -> None:
-    """NoKernel unless the kernels tile K and V (powers of two from 16 to 256) and take dtype
-    (float32, bfloat16)."""
-    validation.check_supported("gla", K, V, dtype, lambda d: d in HEAD_DIMS, f"one of {HEAD_DIMS}", INPUT_DTYPES)
-
-
-def _validate(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, chunk_size):
-    """Checks every argument before any kernel runs; returns (B, T, H, K, V, N)."""
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size={chunk_size!r} is not supported: expected one of {CHUNK_SIZES}")
-    qs = _shape(q, "q")
-    if len(qs) != 4:
-        raise ValueError(f"q must be [B, T, H, K], got shape {qs}")
-    B, T, H, K = qs
-    for name, x in (("k", k), ("g", g)):
-        if _shape(x, name) != qs:
-            raise ValueError(f"{name} must have q's shape [B, T, H, K] = {qs}, got {tuple(x.shape)}")
-    vs = _shape(v, "v")
-    if len(vs) != 4 or vs[:3] != qs[:3]:
-        raise ValueError(f"v must be [B, T, H, V] with B, T, H = {qs[:3]}, got shape {vs}")
-    V = vs[3]
-    check_supported(K, V)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if jnp.dtype(x.dtype) not in INPUT_DTYPES:
-            check_supported(K, V, x.dtype)
-    if not (jnp.dtype(q.dtype) == jnp.dtype(k.dtype) == jnp.dtype(v.dtype)):
-        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not jnp.issubdtype(g.dtype, jnp.floating):
-        raise ValueError(f"g must be floating point (log-decays), got {g.dtype}")
-    if scale is not None and not (isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale > 0):
-        raise ValueError(f"scale must be None (K ** -0.5) or a positive number, got {scale!r}")
-    if not isinstance(output_final_state, (bool, np.bool_)):
-        raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
-    N = B
-    if cu_seqlens is not None:
-        cs = _shape(cu_seqlens, "cu_seqlens")
-        if len(cs) != 1 or cs[0] < 2:
-            raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1, got shape {cs}")
-        if not jnp.issubdtype(cu_seqlens.dtype, jnp.integer):
-            raise ValueError(f"cu_seqlens must be integer, got {cu_seqlens.dtype}")
-        if B != 1:
-            raise ValueError(f"cu_seqlens (varlen) needs B == 1 (sequences packed along T), got B={B}")
-        N = cs[0] - 1
-        if not isinstance(cu_seqlens, jax.core.Tracer):
-            cu = np.asarray(cu_seqlens)
-            if cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0):
-                raise ValueError(f"cu_seqlens must rise from 0 to T={T} without decreasing, got {cu.tolist()}")
-    if initial_state is not None:
-        hs = _shape(initial_state, "initial_state")
-        if hs != (N, H, K, V):
-            raise ValueError(f"initial_state must be [N, H, K, V] = {(N, H, K, V)}, got {hs}")
-        if not jnp.issubdtype(initial_state.dtype, jnp.floating):
-            raise ValueError(f"initial_state must be floating point, got {initial_state.dtype}")
-    return B, T, H, K, V, N
-
-
 def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
               chunk_size=64):
     """GLA with per-channel log-decay, chunked Pallas kernels (FLA's chunk_gla convention).
@@ -313,21 +238,18 @@ def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fal
     Returns (o [B, T, H, V] in q's dtype, final_state [N, H, K, V] float32 or None).
     Differentiable in q, k, v, g and initial_state.
     """
-    B, T, H, K, V, N = _validate(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens,
-                                 chunk_size)
-    scale = float(K ** -0.5 if scale is None else scale)
-    o, ht = _chunk_gla_jit(q, k, v, g, initial_state, cu_seqlens, scale=scale, chunk=chunk_size)
+    layout, cfg = prepare("gla", q, k, v, align=ALIGN, g=g, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    o, ht = _chunk_gla_jit(q, k, v, g, initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "chunk"))
-def _chunk_gla_jit(q, k, v, g, initial_state, cu_seqlens, *, scale, chunk):
-    """Validated arguments -> (o [B, T, H, V], final_state [N, H, K, V] float32)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    layout: Layout = dense_layout(B, T, chunk) if cu_seqlens is None else varlen_layout(cu_seqlens, T, chunk)
-    h0 = (jnp.zeros((layout.N, H, K, V), jnp.float32) if initial_state is None
-          else initial_state.astype(jnp.float32))
-    o, ht = _gla_packed(layout.pack(q), layout.pack(k), layout.pack(v), layout.pack(g.astype(jnp.float32)),
-                        h0, layout.seq, layout.first, layout.last, scale, chunk)
-    return layout.unpack(o), ht
+@functools.partial(jax.jit, static_argnums=(6,))
+def _chunk_gla_jit(q, k, v, g, initial_state, layout: ChunkLayout, cfg: KernelConfig):
+    """The stages as one program: pack (K, V padded), the kernels, unpack.
+    -> (o [B, T, H, V], final_state [N, H, K, V] float32)."""
+    h0 = (jnp.zeros((cfg.N, cfg.H, cfg.K, cfg.V), jnp.float32) if initial_state is None
+          else cfg.pad_state(initial_state))
+    o, ht = _gla_packed(layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V),
+                        layout.pack(g.astype(jnp.float32), cfg.K), h0, *layout.tables(), cfg)
+    return layout.unpack(o, cfg.V_in), cfg.cut_state(ht)

@@ -12,7 +12,7 @@ No exponent taken here is positive where the gates are log-decays (g <= 0):
     by one-hot selection matmuls, the exponent masked to s <= t before exp.
 Every exponent is formed as a short sum of gates (BlockSums: inside a block, then over
 block totals), never as the difference of two long cumulative sums, and long contractions
-are summed in pieces (`_dot`): float32 error at FLA's level or below at chunk 128.
+are summed in pieces (kernel_math.dot's `piece`): float32 error at FLA's level or below at chunk 128.
 """
 from __future__ import annotations
 
@@ -20,42 +20,26 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels_jax.common.kernel_math import dot as matmul
+
 SUB = 16
 LANE_PIECE = 32     # contractions over K, V or the chunk's columns: pieces of 32 terms
 _F32 = jnp.float32
-_HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def _dot(a, b, contract, piece):
-    """dot_general over one contracting dim per operand; a contraction longer than `piece`
-    is summed in two levels (pieces of `piece` terms, then the partial products), which keeps
-    float32 accumulation error at FLA's level (its tiles are 16 to 64 wide) or below."""
-    dims = ((contract[0],), (contract[1],)), ((), ())
-    length = a.shape[contract[0]]
-    if piece is None or length <= piece:
-        return jax.lax.dot_general(a, b, dims, precision=_HIGHEST, preferred_element_type=_F32)
-    out = None
-    for start in range(0, length, piece):
-        pa = jax.lax.slice_in_dim(a, start, start + piece, axis=contract[0])
-        pb = jax.lax.slice_in_dim(b, start, start + piece, axis=contract[1])
-        part = jax.lax.dot_general(pa, pb, dims, precision=_HIGHEST, preferred_element_type=_F32)
-        out = part if out is None else out + part
-    return out
 
 
 def dot(a, b, piece=None):
-    """a [M, L] @ b [L, N] in float32 (contraction in pieces of `piece`, see _dot)."""
-    return _dot(a, b, (1, 0), piece)
+    """a [M, L] @ b [L, N] in float32 (kernel_math.dot; contraction in pieces of `piece`)."""
+    return matmul(a, b, piece=piece)
 
 
 def dot_nt(a, b, piece=None):
     """a [M, L] @ b [N, L]^T in float32."""
-    return _dot(a, b, (1, 1), piece)
+    return matmul(a, b, trans_b=True, piece=piece)
 
 
 def dot_tn(a, b, piece=None):
     """a [L, M]^T @ b [L, N] in float32."""
-    return _dot(a, b, (0, 0), piece)
+    return matmul(a, b, trans_a=True, piece=piece)
 
 
 def row_sum(x):

@@ -1,4 +1,10 @@
 """Kimi Delta Attention (KDA): chunked Pallas TPU kernels, forward and backward."""
-from .chunk import check_supported, chunk_kda
+import functools
+
+from kernels_jax.common import validation
+
+from .chunk import chunk_kda
+
+check_supported = functools.partial(validation.check_supported, op="kda")
 
 __all__ = ["chunk_kda", "check_supported"]

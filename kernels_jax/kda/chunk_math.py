@@ -25,15 +25,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from kernels_jax.common.kernel_math import F32, dot
+
 SUB = 16  # sub-chunk size: off-diagonal sub-blocks use matmuls, diagonal ones exact elementwise decay
-F32 = jnp.float32
-HIGHEST = lax.Precision.HIGHEST
 
 
 def mm(a, b, *, ta: bool = False, tb: bool = False):
-    """a @ b in float32 at full precision; ta / tb contract a's rows / b's columns (a^T, b^T)."""
-    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
-    return lax.dot_general(a, b, dims, precision=(HIGHEST, HIGHEST), preferred_element_type=F32)
+    """a @ b (kernel_math.dot: float32 operands at HIGHEST); ta / tb contract a's rows / b's
+    columns (a^T, b^T)."""
+    return dot(a, b, trans_a=ta, trans_b=tb)
 
 
 def iota(shape, dim):

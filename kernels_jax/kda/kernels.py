@@ -3,8 +3,8 @@
 Layout (built by chunk.py): every sequence starts on a chunk boundary and is zero-padded to
 whole chunks; tokens are flattened to P = NT * C rows per head:
     q, k, g, W [H, P, K]; v, U, o, vn [H, P, V]; beta [H, P, 1]; A_qk [H, P, C]
-    states are stored transposed, S^T [V, K]: h, dh [H, NT, V, K]; h0, ht, dht, dh0 [N, H, V, K]
-    chunk_seq [NT] int32 (sequence of each chunk), chunk_flags [NT] int32 (FIRST | LAST bits).
+    states S [K, V] as in every op: h, dh [H, NT, K, V]; h0, ht, dht, dh0 [N, H, K, V]
+    tables (seq, first, last) int32 [NT] each (common/layout.py): scalar prefetch.
 Padded rows have q = k = v = g = beta = 0, so they leave the state unchanged.
 
     intra            (H, NT) parallel       W, U, A_qk per chunk (WY factors, triangular solve)
@@ -21,18 +21,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels_jax.common.config import KernelConfig
+from kernels_jax.common.kernel_math import advance_state, params, state_grad_step
 from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
 from .chunk_math import (F32, causal_mask, chunk_decays, decayed_products, decayed_products_grad, iota, mm,
-                         reverse_cumsum, row_sums, wy_factors)
-
-FIRST, LAST = 1, 2
-
-
-def _value_block(V: int) -> int:
-    """V tile of the recurrences: 128 when V is a multiple of 128, else all of V."""
-    return 128 if V % 128 == 0 else V
+                         reverse_cumsum, row_sums, transpose, wy_factors)
 
 
 def _f32(ref):
@@ -50,10 +45,9 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, W_ref, U_ref, Aqk_ref):
     Aqk_ref[...] = A_qk
 
 
-def intra(q, k, v, g, beta, *, chunk_size: int):
+def intra(q, k, v, g, beta, cfg: KernelConfig):
     """q, k, g [H, P, K], v [H, P, V], beta [H, P, 1] -> W [H, P, K], U [H, P, V], A_qk [H, P, C]."""
-    H, P, K = q.shape
-    V, C = v.shape[-1], chunk_size
+    H, K, V, C, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.slots
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h, c: (h, c, 0))
     return pl.pallas_call(
         _intra_kernel,
@@ -62,129 +56,116 @@ def intra(q, k, v, g, beta, *, chunk_size: int):
         out_specs=[rows(K), rows(V), rows(C)],
         out_shape=[jax.ShapeDtypeStruct((H, P, K), F32), jax.ShapeDtypeStruct((H, P, V), F32),
                    jax.ShapeDtypeStruct((H, P, C), F32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        interpret=interpret_mode(),
+        compiler_params=params("parallel", "parallel"),
+        interpret=interpret_mode(), name="kda_intra",
     )(q, k, v, g, beta)
 
 
 # ---------------------------------------------------------------- forward state recurrence
-def _recurrence_fwd_kernel(seq_ref, flags_ref, q_ref, k_ref, g_ref, W_ref, U_ref, Aqk_ref, h0_ref,
+def _recurrence_fwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, g_ref, W_ref, U_ref, Aqk_ref, h0_ref,
                            o_ref, vn_ref, *rest, scale: float, store_states: bool):
     h_ref, ht_ref, S_ref = rest if store_states else (None, *rest)
+    """One (head, V tile, chunk): q, k, g, W [C, K]; U, o, v_new [C, BV]; A_qk [C, C];
+    h0, h, ht [K, BV]; scratch S [K, BV]."""
     c = pl.program_id(2)
-    flags = flags_ref[c]
 
-    @pl.when(c == 0)
-    def _():
-        S_ref[...] = jnp.zeros_like(S_ref)
-
-    @pl.when(flags & FIRST != 0)
-    def _():
+    @pl.when(first_ref[c] == 1)
+    def load_initial_state():
         S_ref[...] = h0_ref[...]
 
-    ST = S_ref[...]                                   # [BV, K] state at the chunk start
+    S = S_ref[...]                                    # [K, BV] state at the chunk start
     if store_states:
-        h_ref[...] = ST
+        h_ref[...] = S
     decay, decay_last, decay_to_end = chunk_decays(g_ref[...])
-    vn = U_ref[...] - mm(W_ref[...], ST, tb=True)     # v_new = U - W S
+    vn = U_ref[...] - mm(W_ref[...], S)               # v_new = U - W S
     qg = _f32(q_ref) * decay
-    o = scale * (mm(qg, ST, tb=True) + mm(Aqk_ref[...], vn))
-    ST = ST * decay_last + mm(vn, _f32(k_ref) * decay_to_end, ta=True)
+    o = scale * (mm(qg, S) + mm(Aqk_ref[...], vn))
+    S = advance_state(S, _f32(k_ref), vn, transpose(decay_last), decay_to_end)
     o_ref[...] = o.astype(o_ref.dtype)
     vn_ref[...] = vn
-    S_ref[...] = ST
+    S_ref[...] = S
 
-    @pl.when(flags & LAST != 0)
-    def _():
-        ht_ref[...] = ST
+    @pl.when(last_ref[c] == 1)
+    def emit_final_state():
+        ht_ref[...] = S
 
 
-def recurrence_fwd(q, k, g, W, U, A_qk, h0, chunk_seq, chunk_flags, *, scale: float, chunk_size: int,
-                   out_dtype, store_states: bool):
-    """-> o [H, P, V] (out_dtype), v_new [H, P, V], h [H, NT, V, K] (if store_states), ht [N, H, V, K]."""
-    H, P, K = q.shape
-    V, C, N = U.shape[-1], chunk_size, h0.shape[0]
-    NT, BV = P // C, _value_block(V)
-    rows = lambda d: pl.BlockSpec((None, C, d), lambda h, iv, c, seq, fl: (h, c, 0))
-    vrows = pl.BlockSpec((None, C, BV), lambda h, iv, c, seq, fl: (h, c, iv))
-    per_seq = pl.BlockSpec((None, None, BV, K), lambda h, iv, c, seq, fl: (seq[c], h, iv, 0))
+def recurrence_fwd(q, k, g, W, U, A_qk, h0, tables, cfg: KernelConfig, *, out_dtype, store_states: bool):
+    """-> o [H, P, V] (out_dtype), v_new [H, P, V], h [H, NT, K, V] (if store_states), ht [N, H, K, V]."""
+    H, K, V, C, N, NT, BV, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.N, cfg.NT, cfg.bv, cfg.slots
+    rows = lambda d: pl.BlockSpec((None, C, d), lambda h, iv, c, seq, first, last: (h, c, 0))
+    vrows = pl.BlockSpec((None, C, BV), lambda h, iv, c, seq, first, last: (h, c, iv))
+    per_seq = pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (seq[c], h, 0, iv))
     out_specs = [vrows, vrows]
     out_shape = [jax.ShapeDtypeStruct((H, P, V), out_dtype), jax.ShapeDtypeStruct((H, P, V), F32)]
     if store_states:
-        out_specs.append(pl.BlockSpec((None, None, BV, K), lambda h, iv, c, seq, fl: (h, c, iv, 0)))
-        out_shape.append(jax.ShapeDtypeStruct((H, NT, V, K), F32))
+        out_specs.append(pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (h, c, 0, iv)))
+        out_shape.append(jax.ShapeDtypeStruct((H, NT, K, V), F32))
     out_specs.append(per_seq)
-    out_shape.append(jax.ShapeDtypeStruct((N, H, V, K), F32))
+    out_shape.append(jax.ShapeDtypeStruct((N, H, K, V), F32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2, grid=(H, V // BV, NT),
+        num_scalar_prefetch=3, grid=(H, V // BV, NT),
         in_specs=[rows(K), rows(K), rows(K), rows(K), vrows, rows(C), per_seq],
-        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((BV, K), F32)])
-    kernel = functools.partial(_recurrence_fwd_kernel, scale=scale, store_states=store_states)
+        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((K, BV), F32)])
+    kernel = functools.partial(_recurrence_fwd_kernel, scale=cfg.scale, store_states=store_states)
     return pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=interpret_mode(),
-    )(chunk_seq, chunk_flags, q, k, g, W, U, A_qk, h0)
+        compiler_params=params("parallel", "parallel", "arbitrary"),
+        interpret=interpret_mode(), name="kda_recurrence_fwd",
+    )(*tables, q, k, g, W, U, A_qk, h0)
 
 
 # ---------------------------------------------------------------- backward state recurrence
-def _recurrence_bwd_kernel(seq_ref, flags_ref, q_ref, k_ref, g_ref, W_ref, Aqk_ref, do_ref, dht_ref,
+def _recurrence_bwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, g_ref, W_ref, Aqk_ref, do_ref, dht_ref,
                            dvn_ref, dh_ref, dh0_ref, dS_ref, *, scale: float):
-    step = pl.program_id(2)
-    c = pl.num_programs(2) - 1 - step
-    flags = flags_ref[c]
+    """One (head, V tile, chunk), chunks in reverse: q, k, g, W [C, K]; do, dv_new [C, BV];
+    A_qk [C, C]; dht, dh, dh0 [K, BV]; scratch dS [K, BV]."""
+    c = pl.num_programs(2) - 1 - pl.program_id(2)
 
-    @pl.when(step == 0)
-    def _():
-        dS_ref[...] = jnp.zeros_like(dS_ref)
-
-    @pl.when(flags & LAST != 0)
-    def _():
+    @pl.when(last_ref[c] == 1)
+    def load_final_state_grad():
         dS_ref[...] = dht_ref[...]
 
-    dST = dS_ref[...]                                 # [BV, K] gradient of the chunk-end state
-    dh_ref[...] = dST
+    dS = dS_ref[...]                                  # [K, BV] gradient of the chunk-end state
+    dh_ref[...] = dS
     decay, decay_last, decay_to_end = chunk_decays(g_ref[...])
     do = _f32(do_ref)
-    qg = _f32(q_ref) * decay
-    dvn = scale * mm(Aqk_ref[...], do, ta=True) + mm(_f32(k_ref) * decay_to_end, dST, tb=True)
-    dST = dST * decay_last + scale * mm(do, qg, ta=True) - mm(dvn, W_ref[...], ta=True)
+    dvn = scale * mm(Aqk_ref[...], do, ta=True) + mm(_f32(k_ref) * decay_to_end, dS)
+    dS = state_grad_step(dS, _f32(q_ref), do, transpose(decay_last), decay, scale) - mm(W_ref[...], dvn, ta=True)
     dvn_ref[...] = dvn
-    dS_ref[...] = dST
+    dS_ref[...] = dS
 
-    @pl.when(flags & FIRST != 0)
-    def _():
-        dh0_ref[...] = dST
+    @pl.when(first_ref[c] == 1)
+    def emit_initial_state_grad():
+        dh0_ref[...] = dS
 
 
-def recurrence_bwd(q, k, g, W, A_qk, do, dht, chunk_seq, chunk_flags, *, scale: float, chunk_size: int):
-    """-> dv_new [H, P, V], dh [H, NT, V, K] (gradient of each chunk-end state), dh0 [N, H, V, K]."""
-    H, P, K = q.shape
-    V, C, N = do.shape[-1], chunk_size, dht.shape[0]
-    NT, BV = P // C, _value_block(V)
+def recurrence_bwd(q, k, g, W, A_qk, do, dht, tables, cfg: KernelConfig):
+    """-> dv_new [H, P, V], dh [H, NT, K, V] (gradient of each chunk-end state), dh0 [N, H, K, V]."""
+    H, K, V, C, N, NT, BV, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.N, cfg.NT, cfg.bv, cfg.slots
     rev = lambda c: NT - 1 - c
-    rows = lambda d: pl.BlockSpec((None, C, d), lambda h, iv, c, seq, fl: (h, rev(c), 0))
-    vrows = pl.BlockSpec((None, C, BV), lambda h, iv, c, seq, fl: (h, rev(c), iv))
-    per_seq = pl.BlockSpec((None, None, BV, K), lambda h, iv, c, seq, fl: (seq[rev(c)], h, iv, 0))
-    per_chunk = pl.BlockSpec((None, None, BV, K), lambda h, iv, c, seq, fl: (h, rev(c), iv, 0))
+    rows = lambda d: pl.BlockSpec((None, C, d), lambda h, iv, c, seq, first, last: (h, rev(c), 0))
+    vrows = pl.BlockSpec((None, C, BV), lambda h, iv, c, seq, first, last: (h, rev(c), iv))
+    per_seq = pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (seq[rev(c)], h, 0, iv))
+    per_chunk = pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (h, rev(c), 0, iv))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=2, grid=(H, V // BV, NT),
+        num_scalar_prefetch=3, grid=(H, V // BV, NT),
         in_specs=[rows(K), rows(K), rows(K), rows(K), rows(C), vrows, per_seq],
-        out_specs=[vrows, per_chunk, per_seq], scratch_shapes=[pltpu.VMEM((BV, K), F32)])
+        out_specs=[vrows, per_chunk, per_seq], scratch_shapes=[pltpu.VMEM((K, BV), F32)])
     return pl.pallas_call(
-        functools.partial(_recurrence_bwd_kernel, scale=scale), grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct((H, P, V), F32), jax.ShapeDtypeStruct((H, NT, V, K), F32),
-                   jax.ShapeDtypeStruct((N, H, V, K), F32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=interpret_mode(),
-    )(chunk_seq, chunk_flags, q, k, g, W, A_qk, do, dht)
+        functools.partial(_recurrence_bwd_kernel, scale=cfg.scale), grid_spec=grid_spec,
+        out_shape=[jax.ShapeDtypeStruct((H, P, V), F32), jax.ShapeDtypeStruct((H, NT, K, V), F32),
+                   jax.ShapeDtypeStruct((N, H, K, V), F32)],
+        compiler_params=params("parallel", "parallel", "arbitrary"),
+        interpret=interpret_mode(), name="kda_recurrence_bwd",
+    )(*tables, q, k, g, W, A_qk, do, dht)
 
 
 # ---------------------------------------------------------------- per-chunk gradients
 def _chunk_grads_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
                         dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, *, scale: float):
     q, k, v, g, beta = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...], beta_ref[...]
-    ST, dST, vn, dvn, do = h_ref[...], dh_ref[...], vn_ref[...], dvn_ref[...], _f32(do_ref)
+    S, dS, vn, dvn, do = h_ref[...], dh_ref[...], vn_ref[...], dvn_ref[...], _f32(do_ref)   # S, dS [K, V]
     C = q.shape[0]
     decay, decay_last, decay_to_end = chunk_decays(g)
     strict = causal_mask(C, strict=True)
@@ -193,17 +174,18 @@ def _chunk_grads_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, h_ref, dh_ref, vn_
     inv, X = wy_factors(A_kk, k, decay, beta)
 
     # o = scale (q exp(G)) S + scale A_qk v_new;  S_end = exp(G_last) S + (k exp(G_last - G))^T v_new
-    dqg = scale * mm(do, ST)
+    dqg = scale * mm(do, S, tb=True)
     dA_qk = jnp.where(causal_mask(C, strict=False), scale * mm(do, vn, tb=True), 0.0)
-    dkd = mm(vn, dST)
+    dkd = mm(vn, dS, tb=True)
     kd = k * decay_to_end
-    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + decay_last * jnp.sum(ST * dST, axis=0, keepdims=True)
+    state_dot = mm(jnp.ones((1, S.shape[1]), F32), S * dS, tb=True)           # [1, K]: sum_V S * dS
+    dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + decay_last * state_dot
     dq = dqg * decay
     dk = dkd * decay_to_end
     dG = dqg * q * decay - dkd * kd
 
     # v_new = U - W S, U = Inv (beta v), W = Inv X, X = beta k exp(G)
-    dW = -mm(dvn, ST)
+    dW = -mm(dvn, S, tb=True)
     d_inv = mm(dvn, beta * v, tb=True) + mm(dW, X, tb=True)
     d_bv = mm(inv, dvn, ta=True)
     dv = beta * d_bv
@@ -229,19 +211,18 @@ def _chunk_grads_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, h_ref, dh_ref, vn_
     dbeta_ref[...] = dbeta
 
 
-def chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, *, scale: float, chunk_size: int):
+def chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, cfg: KernelConfig):
     """-> dq, dk, dg [H, P, K], dv [H, P, V], dbeta [H, P, 1], all float32."""
-    H, P, K = q.shape
-    V, C = v.shape[-1], chunk_size
+    H, K, V, C, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.slots
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h_, c: (h_, c, 0))
-    state = pl.BlockSpec((None, None, V, K), lambda h_, c: (h_, c, 0, 0))
+    state = pl.BlockSpec((None, None, K, V), lambda h_, c: (h_, c, 0, 0))
     shape = lambda d: jax.ShapeDtypeStruct((H, P, d), F32)
     return pl.pallas_call(
-        functools.partial(_chunk_grads_kernel, scale=scale),
+        functools.partial(_chunk_grads_kernel, scale=cfg.scale),
         grid=(H, P // C),
         in_specs=[rows(K), rows(K), rows(V), rows(K), rows(1), state, state, rows(V), rows(V), rows(V)],
         out_specs=[rows(K), rows(K), rows(V), rows(K), rows(1)],
         out_shape=[shape(K), shape(K), shape(V), shape(K), shape(1)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        interpret=interpret_mode(),
+        compiler_params=params("parallel", "parallel"),
+        interpret=interpret_mode(), name="kda_chunk_grads",
     )(q, k, v, g, beta, h, dh, vn, dvn, do)

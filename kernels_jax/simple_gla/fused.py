@@ -4,8 +4,8 @@ The state S [K, V] lives in VMEM scratch across the sequential chunk axis; decay
 built in-kernel from g_gamma [H] (SMEM) and the chunk's real length, so with b_i =
 gamma * min(i + 1, length) every exponent is <= 0.
 
-Forward   grid (R, H, V/bv, NT): per chunk o = intra + exp(b_i) q S, then S <- update.
-Backward  grid (R, H, 2, NT): phase 0 walks chunks forward, rebuilding S and emitting dq;
+Forward   grid (H, V/bv, NT): per chunk o = intra + exp(b_i) q S, then S <- update.
+Backward  grid (H, 2, NT): phase 0 walks chunks forward, rebuilding S and emitting dq;
           phase 1 walks them backward with dS in scratch, emitting dk, dv and dh0.
           dq's block stays parked on its last chunk during phase 1 (and dk/dv on their
           first during phase 0), so no block is written back before it is computed.
@@ -17,11 +17,11 @@ dg_gamma: forward-mode in phase 0. With m_i = min(i + 1, length) (so b_i = gamma
       + scale sum_i exp(b_i) do_i . q_i (m_i S + G)                          (through the state)
     plus <dht, G> at each sequence's end. Every weight is >= 0 and <= chunk_size, so there
     is no large cancellation (the global form sum_t (t + 1)(q.dq - k.dk) loses ~T digits).
-Layouts as in chunk.py: q, k [R, H, S, K]; v [R, H, S, V]; h0, ht [N, H, K, V].
+Layouts as in chunk.py: q, k [H, S, K]; v [H, S, V]; h0, ht [N, H, K, V]; g_gamma [H] and the
+layout's tables (seq, first, last, length int32 [NT]) as scalar prefetch.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -30,32 +30,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_jax.common import chunking
-from kernels_jax.common.kernel_math import F32, causal_decay, dot, params, total
+from kernels_jax.common.config import KernelConfig, prepare
+from kernels_jax.common.kernel_math import F32, advance_state, causal_decay, dot, params, state_grad_step, total
+from kernels_jax.common.layout import ChunkLayout
 from kernels_jax.common.platform import interpret_mode
 
-from .chunk import prepare
-
-
-@dataclasses.dataclass(frozen=True)
-class FusedConfig:
-    R: int
-    H: int
-    K: int
-    V: int
-    C: int
-    NT: int
-    N: int
-    scale: float
-    tables: tuple[tuple[int, ...], ...]   # seq, first, last, length
-    has_h0: bool
-
-    @property
-    def bv(self) -> int:
-        return 128 if self.V % 128 == 0 else self.V
-
-    def prefetch(self, g_gamma):
-        return [jnp.asarray(t, jnp.int32) for t in self.tables] + [g_gamma.astype(F32)]
+from .chunk import ALIGN
 
 
 def _chunk_steps(length_ref, c, C):
@@ -70,7 +50,7 @@ def _chunk_decay(gamma_ref, length_ref, c, C):
     """The current head's decays with every exponent gamma * (whole steps), rounded once:
     (intra [C, C] exp(b_i - b_j) masked to i >= j; read [C, 1] exp(b_i); to_end [C, 1]
     exp(b_C - b_j); chunk [1, 1] exp(b_C)), b_i = gamma * min(i + 1, length[c])."""
-    gamma = gamma_ref[pl.program_id(1)]
+    gamma = gamma_ref[pl.program_id(0)]
     m_col, m_row = _chunk_steps(length_ref, c, C)
     m_last = m_row[:, -1:]
     return (causal_decay(m_col, m_row, gamma=gamma), jnp.exp(gamma * m_col), jnp.exp(gamma * (m_last - m_col)),
@@ -79,12 +59,13 @@ def _chunk_decay(gamma_ref, length_ref, c, C):
 
 def _fwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref, q_ref, k_ref, v_ref, *rest,
                 scale, has_h0):
+    """One (head, V tile, chunk): q, k [C, K]; v, o [C, bv]; h0, ht [K, bv]; scratch state [K, bv]."""
     h0_ref, (o_ref, ht_ref, state) = (rest[0], rest[1:]) if has_h0 else (None, rest)
-    c = pl.program_id(3)
+    c = pl.program_id(2)
     C = q_ref.shape[0]
 
     @pl.when(first_ref[c] == 1)
-    def _():
+    def load_initial_state():
         state[...] = h0_ref[...].astype(F32) if has_h0 else jnp.zeros(state.shape, F32)
 
     intra, read, to_end, whole = _chunk_decay(gamma_ref, length_ref, c, C)
@@ -92,21 +73,22 @@ def _fwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref, q_ref, k_re
     s = state[...]
     scores = dot(q, k, trans_b=True) * intra * scale
     o_ref[...] = (dot(scores, v) + (scale * read) * dot(q, s)).astype(o_ref.dtype)
-    new = whole * s + dot(k * to_end, v, trans_a=True)
+    new = advance_state(s, k, v, whole, to_end)
     state[...] = new
 
     @pl.when(last_ref[c] == 1)
-    def _():
+    def emit_final_state():
         ht_ref[...] = new
 
 
-def fused_fwd(q, k, v, g_gamma, h0, cfg: FusedConfig):
-    """o [R, H, S, V] in q's dtype, ht [N, H, K, V] float32."""
+def fused_fwd(q, k, v, g_gamma, h0, tables, cfg: KernelConfig):
+    """q, k [H, S, K], v [H, S, V], g_gamma [H], h0 [N, H, K, V] or None, tables (seq, first, last,
+    length) -> o [H, S, V] in q's dtype, ht [N, H, K, V] float32."""
     C, K, bv = cfg.C, cfg.K, cfg.bv
-    state_spec = pl.BlockSpec((None, None, K, bv), lambda r, h, j, c, seq, *t: (r + seq[c], h, 0, j))
-    in_specs = [pl.BlockSpec((None, None, C, K), lambda r, h, j, c, *t: (r, h, c, 0)),
-                pl.BlockSpec((None, None, C, K), lambda r, h, j, c, *t: (r, h, c, 0)),
-                pl.BlockSpec((None, None, C, bv), lambda r, h, j, c, *t: (r, h, c, j))]
+    state_spec = pl.BlockSpec((None, None, K, bv), lambda h, j, c, seq, *t: (seq[c], h, 0, j))
+    in_specs = [pl.BlockSpec((None, C, K), lambda h, j, c, *t: (h, c, 0)),
+                pl.BlockSpec((None, C, K), lambda h, j, c, *t: (h, c, 0)),
+                pl.BlockSpec((None, C, bv), lambda h, j, c, *t: (h, c, j))]
     args = [q, k, v]
     if cfg.has_h0:
         in_specs.append(state_spec)
@@ -114,24 +96,26 @@ def fused_fwd(q, k, v, g_gamma, h0, cfg: FusedConfig):
     return pl.pallas_call(
         functools.partial(_fwd_kernel, scale=cfg.scale, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5, grid=(cfg.R, cfg.H, cfg.V // bv, cfg.NT), in_specs=in_specs,
-            out_specs=[pl.BlockSpec((None, None, C, bv), lambda r, h, j, c, *t: (r, h, c, j)), state_spec],
+            num_scalar_prefetch=5, grid=(cfg.H, cfg.V // bv, cfg.NT), in_specs=in_specs,
+            out_specs=[pl.BlockSpec((None, C, bv), lambda h, j, c, *t: (h, c, j)), state_spec],
             scratch_shapes=[pltpu.VMEM((K, bv), F32)]),
         out_shape=[jax.ShapeDtypeStruct(v.shape, q.dtype),
                    jax.ShapeDtypeStruct((cfg.N, cfg.H, K, cfg.V), F32)],
-        compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
+        compiler_params=params("parallel", "parallel", "arbitrary"),
         interpret=interpret_mode(), name="simple_gla_fused_fwd",
-    )(*cfg.prefetch(g_gamma), *args)
+    )(*tables, g_gamma.astype(F32), *args)
 
 
 def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
                 q_ref, k_ref, v_ref, do_ref, dht_ref, *rest, scale, NT, has_h0):
+    """One (head, phase, step): q, k, dq, dk [C, K]; v, do, dv [C, V]; h0, dht, dh0 [K, V];
+    scratch state, tangent, dstate [K, V], acc [1, 1] (dg_gamma)."""
     if has_h0:
         h0_ref, dq_ref, dk_ref, dv_ref, dh0_ref, dgamma_ref, state, tangent, dstate, acc = rest
     else:
         h0_ref = dh0_ref = None
         dq_ref, dk_ref, dv_ref, dgamma_ref, state, tangent, dstate, acc = rest
-    phase, t = pl.program_id(2), pl.program_id(3)
+    phase, t = pl.program_id(1), pl.program_id(2)
     c = jnp.where(phase == 0, t, NT - 1 - t)
     C = q_ref.shape[0]
     intra, read, to_end, whole = _chunk_decay(gamma_ref, length_ref, c, C)
@@ -141,13 +125,13 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
     q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
 
     @pl.when((phase == 0) & (t == 0))
-    def _():
+    def start_dgamma():
         acc[...] = jnp.zeros(acc.shape, F32)
 
     @pl.when(phase == 0)
-    def _():
+    def forward_over_chunks():
         @pl.when(first_ref[c] == 1)
-        def _():
+        def load_initial_state():
             state[...] = h0_ref[...].astype(F32) if has_h0 else jnp.zeros(state.shape, F32)
             tangent[...] = jnp.zeros(tangent.shape, F32)
 
@@ -159,54 +143,54 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
         pairs = total(dscores * dot(q, k, trans_b=True) * (m_col - m_row))
         through_state = total(read * q.astype(F32) * (m_col * do_s + dot(do, ts, trans_b=True)))
         acc[...] += pairs + through_state
-        state[...] = whole * s + dot(k * to_end, v, trans_a=True)
+        state[...] = advance_state(s, k, v, whole, to_end)
         tangent[...] = whole * (m_last * s + ts) + dot(k * (to_end * (m_last - m_col)), v, trans_a=True)
 
         @pl.when(last_ref[c] == 1)
-        def _():
+        def add_final_state_term():
             acc[...] += total(dht_ref[...] * tangent[...])
 
     @pl.when(phase == 1)
-    def _():
+    def backward_over_chunks():
         @pl.when(last_ref[c] == 1)
-        def _():
+        def load_final_state_grad():
             dstate[...] = dht_ref[...].astype(F32)
 
         ds = dstate[...]
-        decay_t = causal_decay(m_col, m_row, transpose=True, gamma=gamma_ref[pl.program_id(1)]) * scale
+        decay_t = causal_decay(m_col, m_row, transpose=True, gamma=gamma_ref[pl.program_id(0)]) * scale
         dscores_t = dot(v, do, trans_b=True) * decay_t          # [j, i]
         scores_t = dot(k, q, trans_b=True) * decay_t            # [j, i]
         dk = dot(dscores_t, q) + to_end * dot(v, ds, trans_b=True)
         dv = dot(scores_t, do) + to_end * dot(k, ds)
         dk_ref[...] = dk.astype(dk_ref.dtype)
         dv_ref[...] = dv.astype(dv_ref.dtype)
-        new = whole * ds + dot(q * read, do, trans_a=True)
+        new = state_grad_step(ds, q, do, whole, read, 1.0)
         dstate[...] = new
 
         if has_h0:
             @pl.when(first_ref[c] == 1)
-            def _():
+            def emit_initial_state_grad():
                 dh0_ref[...] = new
 
         @pl.when(t == NT - 1)
-        def _():
+        def emit_dgamma():
             dgamma_ref[...] = acc[...]
 
 
-def fused_bwd(q, k, v, do, g_gamma, h0, dht, cfg: FusedConfig):
-    """dq, dk [R, H, S, K]; dv [R, H, S, V] (input dtypes); dh0 [N, H, K, V] or None; dg_gamma [H]."""
+def fused_bwd(q, k, v, do, g_gamma, h0, dht, tables, cfg: KernelConfig):
+    """-> dq, dk [H, S, K]; dv [H, S, V] (input dtypes); dh0 [N, H, K, V] or None; dg_gamma [H]."""
     C, K, V, NT = cfg.C, cfg.K, cfg.V, cfg.NT
-    at_chunk = lambda r, h, p, t, *s: (r, h, t + p * (NT - 1 - 2 * t), 0)       # phase 0: t; phase 1: NT-1-t
-    dq_at = lambda r, h, p, t, *s: (r, h, t + p * (NT - 1 - t), 0)              # parked on NT-1 in phase 1
-    dkv_at = lambda r, h, p, t, *s: (r, h, NT - 1 - t * p, 0)                  # parked on NT-1 in phase 0
-    state_at = lambda r, h, p, t, seq, *s: (r + seq[t + p * (NT - 1 - 2 * t)], h, 0, 0)
-    dh0_at = lambda r, h, p, t, seq, *s: (r + seq[NT - 1 - t * p], h, 0, 0)
-    in_specs = [pl.BlockSpec((None, None, C, K), at_chunk), pl.BlockSpec((None, None, C, K), at_chunk),
-                pl.BlockSpec((None, None, C, V), at_chunk), pl.BlockSpec((None, None, C, V), at_chunk),
+    at_chunk = lambda h, p, t, *s: (h, t + p * (NT - 1 - 2 * t), 0)       # phase 0: t; phase 1: NT-1-t
+    dq_at = lambda h, p, t, *s: (h, t + p * (NT - 1 - t), 0)              # parked on NT-1 in phase 1
+    dkv_at = lambda h, p, t, *s: (h, NT - 1 - t * p, 0)                  # parked on NT-1 in phase 0
+    state_at = lambda h, p, t, seq, *s: (seq[t + p * (NT - 1 - 2 * t)], h, 0, 0)
+    dh0_at = lambda h, p, t, seq, *s: (seq[NT - 1 - t * p], h, 0, 0)
+    in_specs = [pl.BlockSpec((None, C, K), at_chunk), pl.BlockSpec((None, C, K), at_chunk),
+                pl.BlockSpec((None, C, V), at_chunk), pl.BlockSpec((None, C, V), at_chunk),
                 pl.BlockSpec((None, None, K, V), state_at)]
     args = [q, k, v, do, dht]
-    out_specs = [pl.BlockSpec((None, None, C, K), dq_at), pl.BlockSpec((None, None, C, K), dkv_at),
-                 pl.BlockSpec((None, None, C, V), dkv_at)]
+    out_specs = [pl.BlockSpec((None, C, K), dq_at), pl.BlockSpec((None, C, K), dkv_at),
+                 pl.BlockSpec((None, C, V), dkv_at)]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
                  jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if cfg.has_h0:
@@ -214,37 +198,40 @@ def fused_bwd(q, k, v, do, g_gamma, h0, dht, cfg: FusedConfig):
         args.append(h0)
         out_specs.append(pl.BlockSpec((None, None, K, V), dh0_at))
         out_shape.append(jax.ShapeDtypeStruct((cfg.N, cfg.H, K, V), F32))
-    out_specs.append(pl.BlockSpec((None, None, 1, 1), lambda r, h, p, t, *s: (r, h, 0, 0)))
-    out_shape.append(jax.ShapeDtypeStruct((cfg.R, cfg.H, 1, 1), F32))
+    out_specs.append(pl.BlockSpec((None, 1, 1), lambda h, p, t, *s: (h, 0, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((cfg.H, 1, 1), F32))
     out = pl.pallas_call(
         functools.partial(_bwd_kernel, scale=cfg.scale, NT=NT, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5, grid=(cfg.R, cfg.H, 2, NT), in_specs=in_specs, out_specs=out_specs,
+            num_scalar_prefetch=5, grid=(cfg.H, 2, NT), in_specs=in_specs, out_specs=out_specs,
             scratch_shapes=[pltpu.VMEM((K, V), F32)] * 3 + [pltpu.VMEM((1, 1), F32)]),
         out_shape=out_shape,
-        compiler_params=params("parallel", "parallel", "arbitrary", "arbitrary"),
+        compiler_params=params("parallel", "arbitrary", "arbitrary"),
         interpret=interpret_mode(), name="simple_gla_fused_bwd",
-    )(*cfg.prefetch(g_gamma), *args)
+    )(*tables, g_gamma.astype(F32), *args)
     dq, dk, dv = out[:3]
     dh0 = out[3] if cfg.has_h0 else None
-    return dq, dk, dv, dh0, out[-1].sum(axis=(0, 2, 3))
+    return dq, dk, dv, dh0, out[-1].sum(axis=(1, 2))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def fused_core(q, k, v, g_gamma, h0, cfg: FusedConfig):
-    """(o [R, H, S, V], ht [N, H, K, V] float32) on the chunked layout."""
-    return fused_fwd(q, k, v, g_gamma, h0, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def fused_core(q, k, v, g_gamma, h0, seq, first, last, length, cfg: KernelConfig):
+    """(o [H, S, V], ht [N, H, K, V] float32) on the packed layout; seq, first, last, length
+    int32 [NT] (the layout's tables)."""
+    return fused_fwd(q, k, v, g_gamma, h0, (seq, first, last, length), cfg)
 
 
-def _fused_core_fwd(q, k, v, g_gamma, h0, cfg):
-    return fused_fwd(q, k, v, g_gamma, h0, cfg), (q, k, v, g_gamma, h0)
+def _fused_core_fwd(q, k, v, g_gamma, h0, seq, first, last, length, cfg):
+    tables = (seq, first, last, length)
+    return fused_fwd(q, k, v, g_gamma, h0, tables, cfg), (q, k, v, g_gamma, h0, tables)
 
 
 def _fused_core_bwd(cfg, res, cot):
-    q, k, v, g_gamma, h0 = res
+    q, k, v, g_gamma, h0, tables = res
     do, dht = cot
-    dq, dk, dv, dh0, dg_gamma = fused_bwd(q, k, v, do.astype(q.dtype), g_gamma, h0, dht.astype(F32), cfg)
-    return dq, dk, dv, dg_gamma.astype(g_gamma.dtype), (None if h0 is None else dh0.astype(h0.dtype))
+    dq, dk, dv, dh0, dg_gamma = fused_bwd(q, k, v, do.astype(q.dtype), g_gamma, h0, dht.astype(F32), tables, cfg)
+    return (dq, dk, dv, dg_gamma.astype(g_gamma.dtype), (None if h0 is None else dh0.astype(h0.dtype)),
+            None, None, None, None)
 
 
 fused_core.defvjp(_fused_core_fwd, _fused_core_bwd)
@@ -258,17 +245,18 @@ def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_st
     initial_state [N, H, K, V]; cu_seqlens [N + 1] (B == 1). Returns o [B, T, H, V] in q's
     dtype and the final state [N, H, K, V] float32 (None unless output_final_state).
     Differentiable w.r.t. q, k, v, g_gamma and initial_state."""
-    layout, scale = prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens, chunk_size, require_gamma=True)
-    B, T, H, K = q.shape
-    cfg = FusedConfig(R=layout.rows, H=H, K=K, V=v.shape[-1], C=layout.C, NT=layout.NT, N=layout.N, scale=scale,
-                      tables=(layout.seq, layout.first, layout.last, layout.length),
-                      has_h0=initial_state is not None)
+    layout, cfg = prepare("simple_gla", q, k, v, align=ALIGN, g=g, g_gamma=g_gamma, scale=scale,
+                          initial_state=initial_state, output_final_state=output_final_state,
+                          cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                          require_g_gamma=True)
     o, ht = _fused(q, k, v, g_gamma, initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6))
-def _fused(q, k, v, g_gamma, initial_state, layout, cfg):
-    qc, kc, vc = (chunking.to_chunks(x, layout) for x in (q, k, v))
-    o, ht = fused_core(qc, kc, vc, g_gamma, initial_state, cfg)
-    return chunking.from_chunks(o, layout), ht
+@functools.partial(jax.jit, static_argnums=(6,))
+def _fused(q, k, v, g_gamma, initial_state, layout: ChunkLayout, cfg: KernelConfig):
+    qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
+    h0 = None if initial_state is None else cfg.pad_state(initial_state)
+    length = jnp.asarray(layout.length, jnp.int32)
+    o, ht = fused_core(qp, kp, vp, g_gamma, h0, *layout.tables(), length, cfg)
+    return layout.unpack(o, cfg.V_in), cfg.cut_state(ht)
