@@ -5,11 +5,16 @@
     gla:        fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
     kda:        fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
 returning (o, final_state). `chunk_size=` is passed when the function accepts it.
+A candidate says what it does not support, recorded as `unsupported` with the reason (not an
+error, so the gate does not fail it): it raises `NotImplementedError("reason")`, or the
+function has an attribute `supports(case) -> bool | str` (True: supported; False or a
+non-empty string, the reason: not supported) that is asked before it is called.
 Gradients w.r.t. every differentiable input through jax.vjp or torch autograd, with
 cotangents do (and dht when the case returns the final state).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from typing import Callable
@@ -17,6 +22,8 @@ from typing import Callable
 import numpy as np
 
 from cases import Case
+
+from .base import Unsupported
 
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "g_gamma": "dg_gamma", "beta": "dbeta",
               "initial_state": "dh0"}
@@ -33,6 +40,30 @@ def accepts(fn: Callable, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_candidate_supports(fn: Callable, case: Case) -> None:
+    """Unsupported(reason) when a user's candidate says, through its `supports(case)` attribute,
+    that it does not run `case`; TypeError when supports returns anything but True, False or a
+    non-empty string (the reason)."""
+    supports = getattr(fn, "supports", None)
+    answer = True if supports is None else supports(case)
+    if answer is True:
+        return
+    if answer is False:
+        raise Unsupported(f"supports(case) returned False for {case.id}")
+    if isinstance(answer, str) and answer:
+        raise Unsupported(answer)
+    raise TypeError(f"supports(case) returned {answer!r}: expected True, False or a non-empty string (the reason)")
+
+
+@contextlib.contextmanager
+def candidate_declines():
+    """A user's candidate raising NotImplementedError("reason") -> Unsupported(reason)."""
+    try:
+        yield
+    except NotImplementedError as e:
+        raise Unsupported(str(e) or "the candidate raised NotImplementedError") from None
 
 
 def static_kwargs(case: Case, fn: Callable, cu_seqlens=None) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 from cases import Case
 
 from .base import CompileSubject, Execution, Unsupported
-from .calling import run_jax
+from .calling import candidate_declines, check_candidate_supports, run_jax
 
 # implementation name -> {op: (module, function)}
 PALLAS_KERNELS = {
@@ -116,12 +116,15 @@ class JaxCandidate:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         from jax.experimental.pallas import tpu as pltpu
+        check_candidate_supports(self.fn, case)
         ctx = contextlib.nullcontext() if _tpu_present() else pltpu.force_tpu_interpret_mode()
         numerics = _numerics()
-        with ctx:
+        with ctx, candidate_declines():
             tensors, seconds = run_jax(self.fn, case, inputs)
         return Execution(tensors=tensors, platform=_platform(), implementation=self.spec,
                          versions=_versions(), kernel_time_s=seconds, numerics=numerics)
 
     def compile_subject(self, case: Case) -> CompileSubject:
+        check_candidate_supports(self.fn, case)
         return CompileSubject(self.fn, self.spec, expect_mosaic=self.framework == "pallas")
+

@@ -8,7 +8,7 @@ import numpy as np
 from cases import Case
 
 from .base import Execution
-from .calling import run_torch
+from .calling import candidate_declines, check_candidate_supports, run_torch
 
 
 class TorchCandidate:
@@ -21,7 +21,9 @@ class TorchCandidate:
         import torch
         cuda = torch.cuda.is_available()
         device = "cuda" if cuda else "cpu"
-        tensors, seconds = run_torch(self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None)
+        check_candidate_supports(self.fn, case)
+        with candidate_declines():
+            tensors, seconds = run_torch(self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None)
         where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
         return Execution(tensors=tensors, platform=where, implementation=self.spec,
                          versions={"torch": torch.__version__}, kernel_time_s=seconds,
