@@ -271,6 +271,17 @@ def _case_dict(recs: dict, compile_recs: dict | None) -> dict:
     return any_rec.get("case") or {}
 
 
+def headline_verdict(cells: dict[str, dict], recs: dict[str, dict], cc: dict | None) -> str:
+    """A case's verdict: the worst of the candidates that apply to it (and its TPU compiles);
+    a candidate with no kernel for it (unsupported) is not applicable and never outranks a pass;
+    "unsupported" when none applies. A case without candidate records: the worst of the oracle's
+    and the reference's."""
+    candidates = [b for b in cells if recs[b].get("side") == "candidate"]
+    judged = [cells[b]["v"] for b in (candidates or cells)]
+    applicable = [v for v in judged if v != "unsupported"] + ([cc["v"]] if cc else [])
+    return _worst(applicable) if applicable else "unsupported"
+
+
 def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str],
              compile_recs: dict | None = None) -> dict:
     """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use;
@@ -291,10 +302,9 @@ def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: li
                 "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None,
                 "l": _where(entry, name)}
         cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
-    judged = [c["v"] for c in cells.values()]
     cc = compile_cell(compile_recs)
     row = {"n": index, "id": case_id, "op": case.get("op"), "dtype": case.get("dtype"), "C": case.get("chunk_size"),
-           "gating": _gating(case), "verdict": _worst(judged + ([cc["v"]] if cc else [])), "b": cells}
+           "gating": _gating(case), "verdict": headline_verdict(cells, recs, cc), "b": cells}
     if cc:
         row["cc"] = cc
     if isinstance(gate_case, dict) and gate_case.get("refused"):
