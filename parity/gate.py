@@ -36,7 +36,7 @@ from cases import Case
 
 from . import SCHEMA_VERSION
 from .compare import bound, bound_localisation, describe_localisation
-from .records import RecordError, iter_results, worst_verdict, write_json
+from .records import RecordError, iter_results, load_latest, newest, worst_verdict, write_json
 
 
 class GateRefusal(Exception):
@@ -44,22 +44,13 @@ class GateRefusal(Exception):
 
 
 def load(dirs: list[Path]) -> dict[str, dict[str, dict]]:
-    """case_id -> backend -> record, every result record under `dirs` without the manifest
-    check (parity.mutants reads the run it just made); a later record of the same case and
-    backend replaces an earlier one. GateRefusal on an unreadable or malformed record."""
+    """case_id -> backend -> newest result record under `dirs` (records.load_latest) without the
+    manifest check (parity.mutants reads the run it just made). GateRefusal on an unreadable or
+    malformed record."""
     try:
-        return _newest(rec for _, rec in iter_results(dirs))
+        return load_latest(dirs)
     except RecordError as e:
         raise GateRefusal(str(e)) from None
-
-
-def _newest(records) -> dict[str, dict[str, dict]]:
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    for rec in records:
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case)
 
 
 def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, dict, dict]:
@@ -130,7 +121,7 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
                           "(--allow-partial to gate the others)")
     coverage = {"partial": allow_partial, "missing": missing, "skipped": skipped or [], "no_manifest": no_manifest,
                 "ignored": len(found) - len(used) + len(found_compiles) - len(used_compiles)}
-    return (_newest(found[p] for p in sorted(used)), _newest(found_compiles[p] for p in sorted(used_compiles)),
+    return (newest(found[p] for p in sorted(used)), newest(found_compiles[p] for p in sorted(used_compiles)),
             coverage)
 
 
@@ -138,7 +129,7 @@ def load_compiles(dirs: list[Path]) -> dict[str, dict[str, dict]]:
     """case_id -> backend -> compile record, as `load` reads results (no manifest check; records
     checked by records.check_compile, schema included); GateRefusal on a bad one."""
     try:
-        return _newest(rec for _, rec in iter_results(dirs, kind="compile"))
+        return load_latest(dirs, kind="compile")
     except RecordError as e:
         raise GateRefusal(str(e)) from None
 

@@ -197,6 +197,24 @@ def iter_results(dirs: list[Path], skipped: list[str] | None = None, kind: str =
             yield path, rec
 
 
+def newest(records) -> dict[str, dict[str, dict]]:
+    """case_id -> backend -> record; of two records of the same case and backend the later
+    ("created") wins."""
+    by_case: dict[str, dict[str, dict]] = {}
+    for rec in records:
+        prev = by_case.setdefault(rec["case_id"], {}).get(rec["backend"])
+        if prev is None or rec.get("created", "") >= prev.get("created", ""):
+            by_case[rec["case_id"]][rec["backend"]] = rec
+    return by_case
+
+
+def load_latest(dirs: list[Path], kind: str = "result") -> dict[str, dict[str, dict]]:
+    """case_id -> backend -> newest record of `kind` ("result" or "compile") under `dirs`, read
+    and checked by iter_results (RecordError on a missing directory, an unreadable file or a
+    malformed record). No manifest check: that is the gate's (parity.gate.load_checked)."""
+    return newest(rec for _, rec in iter_results(dirs, kind=kind))
+
+
 # ------------------------------------------------------------------ the shape of a result record
 _NUMBER_KEYS = ("rel_rms", "max_abs", "max_abs_over_rms", "max_ulp", "oracle_rms", "oracle_max_abs",
                 "floor_rel", "floor_abs", "tol", "rms")

@@ -17,10 +17,9 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from .. import SCHEMA_VERSION
 from ..compare import describe_localisation
 from ..gate import GateRefusal, evaluate
-from ..records import VERDICT_ORDER, iter_results, read_json
+from ..records import VERDICT_ORDER, load_latest, read_json
 
 REFERENCE = "fla"
 TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
@@ -31,31 +30,6 @@ TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
 
 # ------------------------------------------------------------------ loading
-def load_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
-    """case_id -> backend -> newest record, and the paths skipped for another schema version."""
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    skipped = []
-    for path, rec in iter_results(dirs):
-        if rec.get("schema") != SCHEMA_VERSION or "case_id" not in rec or "backend" not in rec:
-            skipped.append(str(path))
-            continue
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case), skipped
-
-
-def load_compile_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
-    """case_id -> candidate backend -> newest compile record (by "created"), read and checked as
-    the gate reads them (records.iter_results: an unreadable or malformed file is an error)."""
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    for _, rec in iter_results(dirs, kind="compile"):
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case), []
-
-
 def _bound_factor(dirs: list[Path]) -> float:
     """The factor of an existing gate.json (what `parity run --bound-factor` used), else 1.0."""
     for d in dirs:
@@ -382,8 +356,7 @@ def build_report(dirs: list[Path]) -> dict:
     """{'summary', 'backends', 'rows', 'details', ...} from the result and compile records under `dirs`
     (a case with compile records only gets a row too)."""
     dirs = [Path(d) for d in dirs]
-    by_case, skipped = load_records(dirs)
-    compiles, compile_skipped = load_compile_records(dirs)
+    by_case, compiles = load_latest(dirs), load_latest(dirs, kind="compile")
     backends = backend_order(by_case)
     targets = compile_target_order(compiles)
     gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs), compiles)
@@ -392,7 +365,7 @@ def build_report(dirs: list[Path]) -> dict:
             for i, cid in enumerate(ids)]
     details = [case_detail(row, by_case.get(row["id"], {}), gate_cases.get(row["id"], {}), backends,
                            compiles.get(row["id"]), targets) for row in rows]
-    s = summary(rows, by_case, backends, gate, dirs, skipped + compile_skipped)
+    s = summary(rows, by_case, backends, gate, dirs, [])
     s["compile"] = compile_summary(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
     s["compile_records"] = sum(len(v) for v in compiles.values())
     return {"summary": s, "backends": backends,
