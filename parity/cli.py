@@ -11,6 +11,7 @@
     parity mutants   [--suite ci] [--only NAME] [--out DIR] [-j N] [--list]
     parity report    DIR [DIR ...] -o FILE.html
     parity repro     CASE_ID [--backend pallas | --candidate SPEC] -o DIR
+    parity diff      BASE NEW [--max-ratio 1.25] [-o PAGE.html] [-v]
 
 Exit codes, the same for every command: 0 pass, 1 a parity failure (a failing gate; for
 `parity run` without a reference and a candidate to gate, an oracle or candidate record
@@ -318,6 +319,22 @@ def cmd_repro(a) -> int:
     return 0
 
 
+def cmd_diff(a) -> int:
+    from .diff import DiffRefusal, diff_runs, format_diff
+    from .records import check_dirs
+    check_dirs([Path(a.base), Path(a.new)])   # RecordError: exit 2 (main)
+    try:
+        result = diff_runs([Path(a.base)], [Path(a.new)], a.max_ratio)
+    except DiffRefusal as e:
+        print(f"parity diff: refused: {e}", file=sys.stderr)
+        return 2
+    print(format_diff(result, verbose=a.verbose))
+    if a.output:
+        from .html.build import write_diff_page
+        print(f"diff page: {write_diff_page(result, Path(a.output)).resolve()}")
+    return 0 if result["ok"] else 1
+
+
 def tpu_options(sp) -> None:
     sp.add_argument("--tpu-targets", default=None,
                     help=f"compile jax candidates for these TPU targets ({', '.join(TPU_TARGETS)}) or 'none'; "
@@ -429,6 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", type=check.output_dir, required=True)
     _limits(sp)
     sp.set_defaults(fn=cmd_repro)
+
+    sp = sub.add_parser("diff", help="per case and tensor, eps_new / eps_base between two runs of the same cases")
+    sp.add_argument("base", help="the baseline run's directory")
+    sp.add_argument("new", help="the new run's directory")
+    sp.add_argument("--max-ratio", type=check.max_ratio, default=1.25,
+                    help="fail when a tensor's error grows by more than this factor (default 1.25)")
+    sp.add_argument("-o", "--output", type=check.output_file, help="also write the diff as an HTML page")
+    sp.add_argument("-v", "--verbose", action="store_true", help="print every tensor, not only the flagged ones")
+    sp.set_defaults(fn=cmd_diff)
     return p
 
 

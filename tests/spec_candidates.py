@@ -56,7 +56,7 @@ def _perturbed(times: float):
     def fn(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
         o, ht = _simple_gla_gamma(q, k, v, g_gamma, scale, initial_state, output_final_state)
         wiggle = jnp.sin(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
-        return (o.astype(jnp.float32) + times * 2e-7 * wiggle * jnp.abs(o).mean()).astype(o.dtype), ht
+        return (o.astype(jnp.float32) + times * 1e-5 * wiggle * jnp.abs(o).mean()).astype(o.dtype), ht
     return fn
 
 

@@ -436,3 +436,16 @@ def write_report(dirs: list[Path], out: Path) -> Path:
     tmp.write_text(html)
     tmp.replace(out)
     return out
+
+
+def write_diff_page(result: dict, out: Path) -> Path:
+    """The `parity diff` result (parity.diff.diff_runs) as one self-contained page."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    finite = sorted(r["ratio"] for r in result["rows"] if r["ratio"] is not None and math.isfinite(r["ratio"]))
+    ratios = {"median": statistics.median(finite), "max": finite[-1]} if finite else None
+    html = _env().get_template("diff.html.j2").render(d=result, ratios=ratios, generated=time.strftime("%Y-%m-%d %H:%M:%S%z"))
+    tmp = out.with_name(f".tmp-{out.name}")
+    tmp.write_text(html)
+    tmp.replace(out)
+    return out
