@@ -121,13 +121,13 @@ def _prepare_out(out: Path) -> Path:
 
 
 def cmd_run(a) -> int:
-    from .backends import SpecError, backend_name, check_specs_isolated
+    from .backends import SpecError, check_specs_isolated
     from .records import RecordError
     from .runner import RunConfig, run_cases, shard
     cases = _select_cases(a)
-    specs = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
+    texts = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
     try:
-        check_specs_isolated(specs, a.timeout)
+        specs = check_specs_isolated(texts, a.timeout)
     except SpecError as e:
         raise UsageError(str(e)) from None
     if a.shard:
@@ -146,8 +146,7 @@ def cmd_run(a) -> int:
         print(f"parity run: interrupted by {summary['interrupted']}: records for {done} of {len(cases)} cases "
               f"in {out}; the gate refuses this directory until the rest is run", file=sys.stderr)
         return 130 if summary["interrupted"] == "SIGINT" else 143
-    sides = {"reference" if backend_name(s) == "fla" else "oracle" if s == "oracle" else "candidate" for s in specs}
-    if {"reference", "candidate"} <= sides:
+    if {"reference", "candidate"} <= {s.side for s in specs}:
         from .gate import GateRefusal, format_summary, run_gate
         try:
             result = run_gate([out], a.bound_factor)
@@ -193,12 +192,13 @@ def cmd_compile(a) -> int:
     from .backends import SpecError, check_specs
     from .tpu_compile import compile_suite, format_compile_table
     cases = _select_cases(a)
-    specs = list(a.backends) + list(a.candidate or [])
+    texts = list(a.backends) + list(a.candidate or [])
     try:
-        check_specs(specs)
+        parsed = check_specs(texts)
     except SpecError as e:
         raise UsageError(str(e)) from None
-    bad = [s for s in specs if s in ("oracle", "fla") or s.split("=", 1)[-1].startswith("torch:")]
+    bad = [s.text for s in parsed if s.side != "candidate" or s.framework == "torch"]
+    specs = [s.text for s in parsed]
     if bad:
         raise UsageError(f"--backends {bad[0]!r}: parity compile compiles jax candidates for TPU "
                          "(pallas, pallas-fused, mutant:NAME, --candidate NAME=jax|pallas:...)")
@@ -227,7 +227,8 @@ def cmd_compile(a) -> int:
 
 
 def cmd_mutants(a) -> int:
-    from .mutants import BY_NAME, catalogue_json, format_score, run_mutants
+    from .mutants import BY_NAME, catalogue_json
+    from .mutants.run import format_score, run_mutants
     if a.list:
         print(catalogue_json())
         return 0

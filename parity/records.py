@@ -138,17 +138,16 @@ def result_path(out_dir: Path, backend: str, case_id: str, kind: str = "result")
     return Path(out_dir) / backend / (f"{case_id}.json" if kind == "result" else f"{case_id}.{kind}.json")
 
 
-def repro_command(case_id: str, backend_spec: str) -> str:
-    """The one command that reruns just this case on just this backend (and the oracle)."""
-    cmd = ["parity", "run", "--case", case_id]
-    if "=" in backend_spec:
-        cmd += ["--backends", "oracle", "--candidate", backend_spec]
-    else:
-        cmd += ["--backends", "oracle" if backend_spec == "oracle" else f"oracle,{backend_spec}"]
+def repro_command(case_id: str, backend_spec) -> str:
+    """The one command that reruns just this case on just this backend (a BackendSpec or its
+    text) and the oracle."""
+    from .backends.spec import as_spec
+    cmd = ["parity", "run", "--case", case_id, *as_spec(backend_spec).cli_args()]
     return " ".join(shlex.quote(c) for c in cmd + ["--out", "repro"])
 
 
-def base_record(case, backend_spec: str, backend: str, side: str, input_hash: str, run_id: str) -> dict:
+def base_record(case, backend_spec, backend: str, side: str, input_hash: str, run_id: str) -> dict:
+    """The fields every result record starts with (backend_spec: a BackendSpec or its text)."""
     from references import ORACLE_VERSION
 
     from .tol import TOL_VERSION
@@ -160,9 +159,11 @@ def base_record(case, backend_spec: str, backend: str, side: str, input_hash: st
     }
 
 
-def compile_repro_command(case_id: str, backend_spec: str, targets) -> str:
+def compile_repro_command(case_id: str, backend_spec, targets) -> str:
+    from .backends.spec import as_spec
+    spec = as_spec(backend_spec)
     cmd = ["parity", "compile", "--case", case_id]
-    cmd += ["--candidate", backend_spec] if "=" in backend_spec else ["--backends", backend_spec]
+    cmd += ["--candidate", spec.text] if spec.is_candidate_spec else ["--backends", spec.text]
     return " ".join(shlex.quote(c) for c in cmd + ["--tpu-targets", ",".join(targets)])
 
 
@@ -269,7 +270,8 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
     the file's name is the gate's check, parity.gate: the report shows any string safely.)"""
     from cases import Case, CaseError
 
-    from .backends.base import SIDES, STATUSES
+    from .backends.base import STATUSES
+    from .backends.spec import SIDES
 
     def bad(field, value, allowed):
         field_error(path, field, value, allowed)

@@ -8,7 +8,8 @@ import numpy as np
 from cases import Case
 
 from .base import Execution
-from .calling import candidate_declines, check_candidate_supports, run_torch
+from .calling import accepts, candidate_declines, check_candidate_supports, run_torch
+from .spec import KernelCall, parse_backend_spec
 
 
 class TorchCandidate:
@@ -16,6 +17,11 @@ class TorchCandidate:
 
     def __init__(self, name: str, fn: Callable, spec: str):
         self.name, self.fn, self.spec = name, fn, spec
+
+    def kernel_call(self, case: Case) -> KernelCall:
+        """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
+        module, function = parse_backend_spec(self.spec).module_function()
+        return KernelCall("torch", module, function, case.chunk_size if accepts(self.fn, "chunk_size") else None)
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch

@@ -17,11 +17,11 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from ..backends.spec import REFERENCE
 from ..compare import describe_localisation
 from ..gate import GateRefusal, evaluate
 from ..records import VERDICT_ORDER, load_latest, read_json
 
-REFERENCE = "fla"
 TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
 PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
@@ -67,7 +67,7 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
     has_cand = any(r["side"] == "candidate" for recs in by_case.values() for r in recs.values())
     note = None
     if not (has_ref and has_cand):
-        missing = "reference (fla)" if not has_ref else "candidate"
+        missing = f"reference ({REFERENCE})" if not has_ref else "candidate"
         if not compiles:
             return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
         note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
