@@ -62,3 +62,11 @@ def _perturbed(times: float):
 
 perturbed_1x = _perturbed(1.0)
 perturbed_3x = _perturbed(3.0)
+
+
+def kda_with_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                   chunk_size=64):
+    """kernels_jax's chunk_kda behind a user's name: a candidate that takes a chunk size."""
+    from kernels_jax.kda import chunk_kda
+    return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
