@@ -37,14 +37,14 @@ from cases import Case
 from . import SCHEMA_VERSION
 from .backends.spec import REFERENCE
 from .compare import bound, bound_localisation, describe_localisation
-from .records import RecordError, iter_results, load_latest, newest, worst_verdict, write_json
+from .records import ByCase, RecordError, iter_results, load_latest, newest, worst_verdict, write_json
 
 
 class GateRefusal(Exception):
     """The inputs cannot be compared; the message says why."""
 
 
-def load(dirs: list[Path]) -> dict[str, dict[str, dict]]:
+def load(dirs: list[Path]) -> ByCase:
     """case_id -> backend -> newest result record under `dirs` (records.load_latest) without the
     manifest check (parity.mutants reads the run it just made). GateRefusal on an unreadable or
     malformed record."""
@@ -194,7 +194,7 @@ def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
             raise GateRefusal(f"case {case_id}: {field} differs between backends ({detail}); refusing to compare")
 
 
-def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference: str = REFERENCE,
+def evaluate(by_case: ByCase, factor: float = 1.0, reference: str = REFERENCE,
              compiles: dict[str, dict[str, dict]] | None = None, allow_mixed_numerics: bool = False) -> dict:
     """The gate's verdict for every case, candidate and tensor (and TPU compile, when
     compile records are given)."""

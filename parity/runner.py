@@ -33,7 +33,7 @@ from pathlib import Path
 from cases import Case
 
 from . import SCHEMA_VERSION
-from .records import base_record, encode_nonfinite, result_path, worst_verdict, write_json, write_record
+from .records import ResultRecord, base_record, encode_nonfinite, result_path, worst_verdict, write_json, write_record
 
 DEFAULT_TIMEOUT_S = 900.0
 
@@ -86,7 +86,7 @@ def _oracle_tensor_stats(tensors) -> dict:
                 "verdict": "pass"} for n, a in tensors.items()}
 
 
-def _record(case, spec, result, oracle, input_hash, run_id) -> dict:
+def _record(case, spec, result, oracle, input_hash, run_id) -> ResultRecord:
     """The result record of `result` (spec: the BackendSpec, or its text, it ran as)."""
     rec = base_record(case, spec, result.backend, result.side, input_hash, run_id)
     rec.update(status=result.status, platform=result.platform, implementation=result.implementation,

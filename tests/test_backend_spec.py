@@ -94,3 +94,9 @@ def test_a_spec_is_a_value_the_runner_accepts_as_given(tmp_path):
                        "parity.examples:recurrent_scan", "test")
     summary = run_cases([SMALL], RunConfig(out_dir=tmp_path, backends=[spec], progress=False))
     assert [r["verdict"] for r in summary["results"] if r["backend"] == "scan"] == ["pass"]
+    # the records have the typed shapes records.py declares (no field outside them)
+    from parity.records import ResultRecord, TensorMetrics, load_latest
+    for rec in load_latest([tmp_path])[SMALL.id].values():
+        assert set(rec) <= set(ResultRecord.__annotations__), set(rec) - set(ResultRecord.__annotations__)
+        for t in rec["tensors"].values():
+            assert set(t) <= set(TensorMetrics.__annotations__), set(t) - set(TensorMetrics.__annotations__)
