@@ -70,3 +70,23 @@ def kda_with_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_fina
     from kernels_jax.kda import chunk_kda
     return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                      output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+
+
+def _identity_without_derivative():
+    """An identity jax primitive with no differentiation rule (jax raises NotImplementedError)."""
+    from jax.extend.core import Primitive
+    prim = Primitive("identity_without_derivative")
+    prim.def_impl(lambda x: x)
+    prim.def_abstract_eval(lambda x: x)
+    return prim
+
+
+_NO_DERIVATIVE = _identity_without_derivative()
+
+
+def no_gradient(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
+                cu_seqlens=None):
+    """Correct forward through a jax primitive that has no differentiation rule: jax raises
+    NotImplementedError on the backward, which is a failure, not 'unsupported'."""
+    o, ht = _simple_gla_gamma(q, k, v, g_gamma, scale, initial_state, output_final_state)
+    return _NO_DERIVATIVE.bind(o), ht

@@ -163,3 +163,13 @@ def test_a_supports_attribute_that_answers_nonsense_is_an_error(tmp_path, monkey
     b = make_backend("asking=jax:tests.spec_candidates:gamma_only_supports")
     res = execute(b, LOGSIG, make_inputs(LOGSIG))
     assert res.status == "error" and "expected True, False or a non-empty string" in res.error
+
+
+def test_a_not_implemented_error_from_jax_itself_stays_an_error():
+    """Only the candidate's own NotImplementedError means 'unsupported': one jax raises (here: a
+    primitive without a differentiation rule) is a failure of the candidate, never hidden."""
+    from parity.backends import execute, make_backend
+    case = Case("simple_gla", 1, 40, 2, 32, 32, gate="gamma_alibi", h0=True)   # fwd + bwd
+    b = make_backend("nodiff=jax:tests.spec_candidates:no_gradient")
+    res = execute(b, case, make_inputs(case))
+    assert res.status == "error" and "NotImplementedError" in res.error

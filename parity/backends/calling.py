@@ -6,7 +6,8 @@
     kda:        fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
 returning (o, final_state). `chunk_size=` is passed when the function accepts it.
 A candidate says what it does not support, recorded as `unsupported` with the reason (not an
-error, so the gate does not fail it): it raises `NotImplementedError("reason")`, or the
+error, so the gate does not fail it): it raises `NotImplementedError("reason")` (one that jax
+or torch raise, e.g. for a missing differentiation rule, stays an error), or the
 function has an attribute `supports(case) -> bool | str` (True: supported; False or a
 non-empty string, the reason: not supported) that is asked before it is called.
 Gradients w.r.t. every differentiable input through jax.vjp or torch autograd, with
@@ -57,13 +58,31 @@ def check_candidate_supports(fn: Callable, case: Case) -> None:
     raise TypeError(f"supports(case) returned {answer!r}: expected True, False or a non-empty string (the reason)")
 
 
+# a NotImplementedError raised inside these (jax without a differentiation rule, say) is a
+# failure of the candidate, not the candidate saying what it does not support
+FRAMEWORK_PACKAGES = ("jax", "jaxlib", "torch", "numpy", "triton")
+
+
 @contextlib.contextmanager
 def candidate_declines():
-    """A user's candidate raising NotImplementedError("reason") -> Unsupported(reason)."""
+    """A user's candidate raising NotImplementedError("reason") -> Unsupported(reason), unless it
+    was raised inside a framework (FRAMEWORK_PACKAGES: the innermost frame decides; jax's
+    traceback filtering is turned off meanwhile so that its frames are there to see)."""
+    import jax
+    filtering = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")
     try:
         yield
     except NotImplementedError as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+        if where.split(".")[0] in FRAMEWORK_PACKAGES:
+            raise
         raise Unsupported(str(e) or "the candidate raised NotImplementedError") from None
+    finally:
+        jax.config.update("jax_traceback_filtering", filtering)
 
 
 def static_kwargs(case: Case, fn: Callable, cu_seqlens=None) -> dict:
