@@ -51,6 +51,14 @@ def bound_factor(s: str) -> float:
     return v
 
 
+def max_ratio(s: str) -> float:
+    """parity diff's growth factor: a finite number >= 1."""
+    v = _finite(s, "a finite number >= 1")
+    if v < 1:
+        _refuse(s, "a finite number >= 1")
+    return v
+
+
 def shard(s: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in s.split("/"))

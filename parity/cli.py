@@ -11,6 +11,7 @@
     parity mutants   [--suite ci] [--only NAME] [--out DIR] [-j N] [--list]
     parity report    DIR [DIR ...] -o FILE.html
     parity repro     CASE_ID [--backend pallas | --candidate SPEC] -o DIR
+    parity diff      BASE NEW [--max-ratio 1.25] [-o PAGE.html] [-v]
 
 Exit codes, the same for every command: 0 pass, 1 a parity failure (a failing gate; for
 `parity run` without a reference and a candidate to gate, an oracle or candidate record
@@ -120,13 +121,13 @@ def _prepare_out(out: Path) -> Path:
 
 
 def cmd_run(a) -> int:
-    from .backends import SpecError, backend_name, check_specs_isolated
+    from .backends import SpecError, check_specs_isolated
     from .records import RecordError
     from .runner import RunConfig, run_cases, shard
     cases = _select_cases(a)
-    specs = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
+    texts = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
     try:
-        check_specs_isolated(specs, a.timeout)
+        specs = check_specs_isolated(texts, a.timeout)
     except SpecError as e:
         raise UsageError(str(e)) from None
     if a.shard:
@@ -145,8 +146,7 @@ def cmd_run(a) -> int:
         print(f"parity run: interrupted by {summary['interrupted']}: records for {done} of {len(cases)} cases "
               f"in {out}; the gate refuses this directory until the rest is run", file=sys.stderr)
         return 130 if summary["interrupted"] == "SIGINT" else 143
-    sides = {"reference" if backend_name(s) == "fla" else "oracle" if s == "oracle" else "candidate" for s in specs}
-    if {"reference", "candidate"} <= sides:
+    if {"reference", "candidate"} <= {s.side for s in specs}:
         from .gate import GateRefusal, format_summary, run_gate
         try:
             result = run_gate([out], a.bound_factor)
@@ -192,12 +192,13 @@ def cmd_compile(a) -> int:
     from .backends import SpecError, check_specs
     from .tpu_compile import compile_suite, format_compile_table
     cases = _select_cases(a)
-    specs = list(a.backends) + list(a.candidate or [])
+    texts = list(a.backends) + list(a.candidate or [])
     try:
-        check_specs(specs)
+        parsed = check_specs(texts)
     except SpecError as e:
         raise UsageError(str(e)) from None
-    bad = [s for s in specs if s in ("oracle", "fla") or s.split("=", 1)[-1].startswith("torch:")]
+    bad = [s.text for s in parsed if s.side != "candidate" or s.framework == "torch"]
+    specs = [s.text for s in parsed]
     if bad:
         raise UsageError(f"--backends {bad[0]!r}: parity compile compiles jax candidates for TPU "
                          "(pallas, pallas-fused, mutant:NAME, --candidate NAME=jax|pallas:...)")
@@ -226,7 +227,8 @@ def cmd_compile(a) -> int:
 
 
 def cmd_mutants(a) -> int:
-    from .mutants import BY_NAME, catalogue_json, format_score, run_mutants
+    from .mutants import BY_NAME, catalogue_json
+    from .mutants.run import format_score, run_mutants
     if a.list:
         print(catalogue_json())
         return 0
@@ -316,6 +318,22 @@ def cmd_repro(a) -> int:
         raise UsageError(str(e)) from None
     print(f"wrote {path.parent}/ (inputs.npz, oracle.npz, case.json, repro.py); run: cd {path.parent} && python repro.py")
     return 0
+
+
+def cmd_diff(a) -> int:
+    from .diff import DiffRefusal, diff_runs, format_diff
+    from .records import check_dirs
+    check_dirs([Path(a.base), Path(a.new)])   # RecordError: exit 2 (main)
+    try:
+        result = diff_runs([Path(a.base)], [Path(a.new)], a.max_ratio)
+    except DiffRefusal as e:
+        print(f"parity diff: refused: {e}", file=sys.stderr)
+        return 2
+    print(format_diff(result, verbose=a.verbose))
+    if a.output:
+        from .html.build import write_diff_page
+        print(f"diff page: {write_diff_page(result, Path(a.output)).resolve()}")
+    return 0 if result["ok"] else 1
 
 
 def tpu_options(sp) -> None:
@@ -429,6 +447,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", type=check.output_dir, required=True)
     _limits(sp)
     sp.set_defaults(fn=cmd_repro)
+
+    sp = sub.add_parser("diff", help="per case and tensor, eps_new / eps_base between two runs of the same cases")
+    sp.add_argument("base", help="the baseline run's directory")
+    sp.add_argument("new", help="the new run's directory")
+    sp.add_argument("--max-ratio", type=check.max_ratio, default=1.25,
+                    help="fail when a tensor's error grows by more than this factor (default 1.25)")
+    sp.add_argument("-o", "--output", type=check.output_file, help="also write the diff as an HTML page")
+    sp.add_argument("-v", "--verbose", action="store_true", help="print every tensor, not only the flagged ones")
+    sp.set_defaults(fn=cmd_diff)
     return p
 
 

@@ -35,31 +35,23 @@ from pathlib import Path
 from cases import Case
 
 from . import SCHEMA_VERSION
+from .backends.spec import REFERENCE
 from .compare import bound, bound_localisation, describe_localisation
-from .records import RecordError, iter_results, worst_verdict, write_json
+from .records import ByCase, RecordError, iter_results, load_latest, newest, worst_verdict, write_json
 
 
 class GateRefusal(Exception):
     """The inputs cannot be compared; the message says why."""
 
 
-def load(dirs: list[Path]) -> dict[str, dict[str, dict]]:
-    """case_id -> backend -> record, every result record under `dirs` without the manifest
-    check (parity.mutants reads the run it just made); a later record of the same case and
-    backend replaces an earlier one. GateRefusal on an unreadable or malformed record."""
+def load(dirs: list[Path]) -> ByCase:
+    """case_id -> backend -> newest result record under `dirs` (records.load_latest) without the
+    manifest check (parity.mutants reads the run it just made). GateRefusal on an unreadable or
+    malformed record."""
     try:
-        return _newest(rec for _, rec in iter_results(dirs))
+        return load_latest(dirs)
     except RecordError as e:
         raise GateRefusal(str(e)) from None
-
-
-def _newest(records) -> dict[str, dict[str, dict]]:
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    for rec in records:
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case)
 
 
 def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, dict, dict]:
@@ -130,7 +122,7 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
                           "(--allow-partial to gate the others)")
     coverage = {"partial": allow_partial, "missing": missing, "skipped": skipped or [], "no_manifest": no_manifest,
                 "ignored": len(found) - len(used) + len(found_compiles) - len(used_compiles)}
-    return (_newest(found[p] for p in sorted(used)), _newest(found_compiles[p] for p in sorted(used_compiles)),
+    return (newest(found[p] for p in sorted(used)), newest(found_compiles[p] for p in sorted(used_compiles)),
             coverage)
 
 
@@ -138,7 +130,7 @@ def load_compiles(dirs: list[Path]) -> dict[str, dict[str, dict]]:
     """case_id -> backend -> compile record, as `load` reads results (no manifest check; records
     checked by records.check_compile, schema included); GateRefusal on a bad one."""
     try:
-        return _newest(rec for _, rec in iter_results(dirs, kind="compile"))
+        return load_latest(dirs, kind="compile")
     except RecordError as e:
         raise GateRefusal(str(e)) from None
 
@@ -202,7 +194,7 @@ def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
             raise GateRefusal(f"case {case_id}: {field} differs between backends ({detail}); refusing to compare")
 
 
-def evaluate(by_case: dict[str, dict[str, dict]], factor: float = 1.0, reference: str = "fla",
+def evaluate(by_case: ByCase, factor: float = 1.0, reference: str = REFERENCE,
              compiles: dict[str, dict[str, dict]] | None = None, allow_mixed_numerics: bool = False) -> dict:
     """The gate's verdict for every case, candidate and tensor (and TPU compile, when
     compile records are given)."""

@@ -24,9 +24,84 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional, TypedDict
 
 from . import SCHEMA_VERSION
+
+class TensorMetrics(TypedDict, total=False):
+    """A candidate's or the reference's tensor against the oracle (parity.compare.compare_tensor);
+    a tensor the backend does not return has only verdict "unsupported" and reason."""
+    verdict: str                    # one of VERDICT_ORDER
+    reason: str                     # why unsupported
+    dtype: str
+    shape: list[int]
+    rel_rms: Optional[float]        # ||x - r|| / ||r||; null when NaN/Inf (encoded_nonfinite)
+    max_abs: float
+    max_abs_over_rms: Optional[float]
+    max_ulp: float
+    nan: int
+    inf: int
+    oracle_nonfinite: int
+    oracle_rms: float
+    oracle_max_abs: float
+    floor_rel: float
+    floor_abs: float
+    tol: float                      # parity.tol.tol(case, tensor)
+    worst: list[dict]               # [{"index", "value", "oracle"}], worst first
+    profile: list                   # error per chunk along T (or per state row)
+    heatmap: list
+    row_heatmap: list
+    sequences: Optional[list]
+    localisation: dict
+    rms: float                      # the oracle's own records: its rms and non-finite count
+    nonfinite: int
+
+
+class ResultRecord(TypedDict, total=False):
+    """DIR/<backend>/<case_id>.json (kind "result"), checked on read by check_result."""
+    schema: int
+    kind: str                       # "result"
+    run_id: str
+    case_id: str
+    case: dict                      # cases.Case.to_dict()
+    input_hash: Optional[str]
+    oracle_version: Any
+    tol_version: str
+    backend: str                    # BackendSpec.name
+    side: str                       # "oracle", "reference" or "candidate"
+    host: str
+    created: str                    # %Y-%m-%dT%H:%M:%S%z: of two records the later wins (load_latest)
+    repro: str                      # the `parity run` command that reruns this case and backend
+    status: str                     # ok, error, timeout, unsupported
+    verdict: str                    # one of VERDICT_ORDER
+    platform: str                   # where it really ran, e.g. 'cpu:tpu-interpret'
+    implementation: str
+    versions: dict[str, str]
+    numerics: str
+    kernel_time_s: Optional[float]
+    wall_time_s: Optional[float]
+    error: Optional[str]
+    notes: dict[str, Any]
+    tensors: dict[str, TensorMetrics]   # the oracle's: shape, rms, max_abs, nonfinite, verdict
+    encoded_nonfinite: list[str]
+
+
+class CompileRecord(TypedDict, total=False):
+    """DIR/<backend>/<case_id>.compile.json (kind "compile", parity.tpu_compile), checked by check_compile."""
+    schema: int
+    kind: str                       # "compile"
+    run_id: str
+    case_id: str
+    case: dict
+    backend: str
+    created: str
+    repro: str
+    verdict: str                    # pass, compile-error or numerics-mismatch (compile_verdict of targets)
+    targets: dict[str, dict]        # target -> {"ok": bool, "error": str, "seconds", "mosaic", "numerics", ...}
+
+
+ByCase = dict[str, dict[str, ResultRecord]]   # case_id -> backend -> record
+
 
 # worst first: the verdict of a case is the worst verdict of its tensors
 VERDICT_ORDER = ("error", "timeout", "compile-error", "numerics-mismatch", "nan-inf", "fail-accuracy", "fail-bound",
@@ -92,7 +167,7 @@ def encode_nonfinite(obj: Any, path: str = "") -> tuple[Any, list[str]]:
     return obj, []
 
 
-def write_record(path: Path, rec: dict) -> dict:
+def write_record(path: Path, rec: ResultRecord) -> ResultRecord:
     """Write a result record: non-finite metrics encoded (null, listed in encoded_nonfinite);
     a record that still cannot be serialised becomes an error record saying why. Returns
     what was written."""
@@ -138,17 +213,16 @@ def result_path(out_dir: Path, backend: str, case_id: str, kind: str = "result")
     return Path(out_dir) / backend / (f"{case_id}.json" if kind == "result" else f"{case_id}.{kind}.json")
 
 
-def repro_command(case_id: str, backend_spec: str) -> str:
-    """The one command that reruns just this case on just this backend (and the oracle)."""
-    cmd = ["parity", "run", "--case", case_id]
-    if "=" in backend_spec:
-        cmd += ["--backends", "oracle", "--candidate", backend_spec]
-    else:
-        cmd += ["--backends", "oracle" if backend_spec == "oracle" else f"oracle,{backend_spec}"]
+def repro_command(case_id: str, backend_spec) -> str:
+    """The one command that reruns just this case on just this backend (a BackendSpec or its
+    text) and the oracle."""
+    from .backends.spec import as_spec
+    cmd = ["parity", "run", "--case", case_id, *as_spec(backend_spec).cli_args()]
     return " ".join(shlex.quote(c) for c in cmd + ["--out", "repro"])
 
 
-def base_record(case, backend_spec: str, backend: str, side: str, input_hash: str, run_id: str) -> dict:
+def base_record(case, backend_spec, backend: str, side: str, input_hash: str, run_id: str) -> ResultRecord:
+    """The fields every result record starts with (backend_spec: a BackendSpec or its text)."""
     from references import ORACLE_VERSION
 
     from .tol import TOL_VERSION
@@ -160,9 +234,11 @@ def base_record(case, backend_spec: str, backend: str, side: str, input_hash: st
     }
 
 
-def compile_repro_command(case_id: str, backend_spec: str, targets) -> str:
+def compile_repro_command(case_id: str, backend_spec, targets) -> str:
+    from .backends.spec import as_spec
+    spec = as_spec(backend_spec)
     cmd = ["parity", "compile", "--case", case_id]
-    cmd += ["--candidate", backend_spec] if "=" in backend_spec else ["--backends", backend_spec]
+    cmd += ["--candidate", spec.text] if spec.is_candidate_spec else ["--backends", spec.text]
     return " ".join(shlex.quote(c) for c in cmd + ["--tpu-targets", ",".join(targets)])
 
 
@@ -195,6 +271,24 @@ def iter_results(dirs: list[Path], skipped: list[str] | None = None, kind: str =
                 skipped.append(str(e))
                 continue
             yield path, rec
+
+
+def newest(records) -> dict[str, dict[str, Any]]:
+    """case_id -> backend -> record; of two records of the same case and backend the later
+    ("created") wins."""
+    by_case: dict[str, dict[str, dict]] = {}
+    for rec in records:
+        prev = by_case.setdefault(rec["case_id"], {}).get(rec["backend"])
+        if prev is None or rec.get("created", "") >= prev.get("created", ""):
+            by_case[rec["case_id"]][rec["backend"]] = rec
+    return by_case
+
+
+def load_latest(dirs: list[Path], kind: str = "result") -> dict[str, dict[str, ResultRecord | CompileRecord]]:
+    """case_id -> backend -> newest record of `kind` ("result" or "compile") under `dirs`, read
+    and checked by iter_results (RecordError on a missing directory, an unreadable file or a
+    malformed record). No manifest check: that is the gate's (parity.gate.load_checked)."""
+    return newest(rec for _, rec in iter_results(dirs, kind=kind))
 
 
 # ------------------------------------------------------------------ the shape of a result record
@@ -251,7 +345,8 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
     the file's name is the gate's check, parity.gate: the report shows any string safely.)"""
     from cases import Case, CaseError
 
-    from .backends.base import SIDES, STATUSES
+    from .backends.base import STATUSES
+    from .backends.spec import SIDES
 
     def bad(field, value, allowed):
         field_error(path, field, value, allowed)

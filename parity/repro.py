@@ -22,8 +22,7 @@ from jinja2 import Template
 from cases import Case, input_hash, make_inputs
 
 from . import tpu_numerics
-from .backends import parse_candidate
-from .backends.jax_backends import PALLAS_KERNELS
+from .backends import Unsupported, as_spec, make_backend
 from .backends.oracle import cached_oracle
 
 SCRIPT = Template('''\
@@ -96,7 +95,7 @@ def tt(a):
     return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 d = {n: tt(x[n]).requires_grad_({{ backward }}) for n in diff_names}
 if "cu_seqlens" in kwargs:
-    kwargs["cu_seqlens"] = torch.from_numpy(kwargs["cu_seqlens"]).to(dev)
+    kwargs["cu_seqlens"] = torch.from_numpy(kwargs["cu_seqlens"]).to(dev){{ ".long()" if cu_seqlens_int64 else "" }}
 o, ht = fn(d["q"], d["k"], d["v"], **{n: d[n] for n in diff_names[3:]}, **kwargs)
 if {{ backward }}:
     outs, cots = [o], [tt(x["do"]).to(o.dtype)]
@@ -121,19 +120,16 @@ for name, ref in oracle.items():
 ''')
 
 
-def write_repro(case: Case, spec: str, out: Path) -> Path:
-    """Write the repro directory for `case` and kernel `spec` ('pallas', 'pallas-fused', 'fla'
-    or a candidate NAME=FRAMEWORK:MODULE:FUNCTION)."""
-    if spec in PALLAS_KERNELS:
-        if case.op not in PALLAS_KERNELS[spec]:
-            raise ValueError(f"{spec} has no kernel for op {case.op!r}")
-        framework, (module, function) = "jax", PALLAS_KERNELS[spec][case.op]
-    elif spec == "fla":
-        framework, module = "torch", f"fla.ops.{case.op}"
-        function = f"chunk_{case.op}"
-    else:
-        _, framework, module, function = parse_candidate(spec)
-        framework = "jax" if framework == "pallas" else framework
+def write_repro(case: Case, spec, out: Path) -> Path:
+    """Write the repro directory for `case` and the backend `spec` (a BackendSpec or its text:
+    'pallas', 'pallas-fused', 'fla' or a candidate NAME=FRAMEWORK:MODULE:FUNCTION). The kernel,
+    and the chunk size passed to it, are the backend's own `kernel_call(case)`: what the harness
+    ran. ValueError when the backend has no standalone kernel for the case."""
+    backend = make_backend(as_spec(spec))
+    try:
+        call = backend.kernel_call(case)
+    except Unsupported as e:
+        raise ValueError(f"{backend.name} has no kernel for {case.id}: {e}") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = make_inputs(case)
@@ -141,11 +137,11 @@ def write_repro(case: Case, spec: str, out: Path) -> Path:
     np.savez(out / "inputs.npz", **{n: (a.view(np.uint16) if n in bf16 else a) for n, a in inputs.items()})
     np.savez(out / "oracle.npz", **cached_oracle(case, inputs)[0])
     (out / "case.json").write_text(json.dumps({"id": case.id, **case.to_dict(), "input_hash": input_hash(inputs)}, indent=1))
-    chunk = case.chunk_size if spec in PALLAS_KERNELS or (spec == "fla" and case.op == "simple_gla") else None
-    if framework == "jax":
+    if call.framework == "jax":
         (out / "tpu_numerics.py").write_text(Path(tpu_numerics.__file__).read_text())
-    script = SCRIPT.render(case_id=case.id, framework=framework, module=module, function=function, bf16=bf16,
-                           scale=repr(case.scale), ht=case.ht, backward=case.backward, chunk_size=chunk,
+    script = SCRIPT.render(case_id=case.id, framework=call.framework, module=call.module, function=call.function,
+                           bf16=bf16, scale=repr(case.scale), ht=case.ht, backward=case.backward,
+                           chunk_size=call.chunk_size, cu_seqlens_int64=call.cu_seqlens_int64,
                            numerics=tpu_numerics.active())
     (out / "repro.py").write_text(script)
     return out / "repro.py"

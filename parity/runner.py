@@ -33,15 +33,16 @@ from pathlib import Path
 from cases import Case
 
 from . import SCHEMA_VERSION
-from .records import base_record, encode_nonfinite, result_path, worst_verdict, write_json, write_record
+from .records import ResultRecord, base_record, encode_nonfinite, result_path, worst_verdict, write_json, write_record
 
 DEFAULT_TIMEOUT_S = 900.0
 
 
 @dataclasses.dataclass
 class RunConfig:
+    """What `run_cases` runs; it is read, never changed (run_cases makes its own copies)."""
     out_dir: Path
-    backends: list[str]            # specs; 'oracle' is always run first
+    backends: list            # BackendSpec or spec text (parsed by run_cases); 'oracle' is always run first
     jobs: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     run_id: str = ""
@@ -85,7 +86,8 @@ def _oracle_tensor_stats(tensors) -> dict:
                 "verdict": "pass"} for n, a in tensors.items()}
 
 
-def _record(case, spec, result, oracle, input_hash, run_id) -> dict:
+def _record(case, spec, result, oracle, input_hash, run_id) -> ResultRecord:
+    """The result record of `result` (spec: the BackendSpec, or its text, it ran as)."""
     rec = base_record(case, spec, result.backend, result.side, input_hash, run_id)
     rec.update(status=result.status, platform=result.platform, implementation=result.implementation,
                versions=result.versions, numerics=result.numerics, kernel_time_s=result.kernel_time_s,
@@ -119,10 +121,10 @@ def _summary_line(rec: dict) -> dict:
 
 
 class LazyBackends(dict):
-    """spec -> backend, built on first use (so inside the timed window of a case), or the
-    exception that creating it raised (recorded per case)."""
+    """spec (BackendSpec or its text) -> backend, built on first use (so inside the timed window
+    of a case), or the exception that creating it raised (recorded per case)."""
 
-    def __missing__(self, spec: str):
+    def __missing__(self, spec):
         from .backends import make_backend
         try:
             b = make_backend(spec)
@@ -132,7 +134,7 @@ class LazyBackends(dict):
         return b
 
 
-def build_backends(specs: list[str]) -> dict:
+def build_backends(specs: list) -> dict:
     """spec -> backend, or the exception that creating it raised (recorded per case)."""
     out = LazyBackends()
     for spec in specs:
@@ -140,10 +142,11 @@ def build_backends(specs: list[str]) -> dict:
     return out
 
 
-def compile_for_targets(case: Case, spec: str, backend, targets, out_dir: Path, run_id: str) -> dict | None:
+def compile_for_targets(case: Case, spec, backend, targets, out_dir: Path, run_id: str) -> dict | None:
     """Compile a jax candidate's program for the TPU targets; write and return its compile
-    record (None for a backend that compiles nothing for TPU, or has no kernel for the case)."""
-    from .backends import Unsupported, backend_name
+    record (None for a backend that compiles nothing for TPU, or has no kernel for the case).
+    spec: a BackendSpec or its text."""
+    from .backends import Unsupported, as_spec
     from .tpu_compile import compile_record
     if not targets or getattr(backend, "side", None) != "candidate" or not hasattr(backend, "compile_subject"):
         return None
@@ -151,21 +154,22 @@ def compile_for_targets(case: Case, spec: str, backend, targets, out_dir: Path, 
         subject = backend.compile_subject(case)
     except Unsupported:
         return None
-    name = backend_name(spec)
-    rec = compile_record(case, spec, name, subject, targets, run_id)
-    write_json(result_path(Path(out_dir), name, case.id, kind="compile"), rec)
+    spec = as_spec(spec)
+    rec = compile_record(case, spec.text, spec.name, subject, targets, run_id)
+    write_json(result_path(Path(out_dir), spec.name, case.id, kind="compile"), rec)
     return rec
 
 
-def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id: str,
+def run_case(case: Case, todo: list, backends: dict, out_dir: Path, run_id: str,
              on_start=lambda spec: None, on_done=lambda line: None, on_inputs=lambda h: None,
              tpu_targets: tuple[str, ...] = ()) -> tuple[list[dict], dict, list[dict]]:
-    """Run one case through the backends named in `todo` (oracle first), write a record per
-    backend, compile each jax candidate for `tpu_targets`, and return (records, timing,
-    compile records). Used by worker processes and the pytest plugin."""
+    """Run one case through the backends in `todo` (BackendSpecs or their texts, oracle first;
+    `backends` maps each to its backend), write a record per backend, compile each jax candidate
+    for `tpu_targets`, and return (records, timing, compile records). Used by worker processes
+    and the pytest plugin."""
     from cases import input_hash, make_inputs
 
-    from .backends import BackendResult, backend_name, execute
+    from .backends import BackendResult, as_spec, execute
     from .backends.oracle import cached_oracle
     t_case = time.perf_counter()
     inputs = make_inputs(case)
@@ -174,22 +178,24 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
     oracle = None
     backend_wall = compile_wall = 0.0
     records, compiles = [], []
-    for spec in todo:
-        name = backend_name(spec)
-        on_start(spec)
-        b = backends[spec]
+    has_oracle = any(as_spec(item).side == "oracle" for item in todo)
+    for item in todo:
+        spec = as_spec(item)
+        name = spec.name
+        on_start(item)
+        b = backends[item]
         if isinstance(b, Exception):
-            result = BackendResult(backend=name, side="candidate", status="error", tensors={},
+            result = BackendResult(backend=name, side=spec.side, status="error", tensors={},
                                    error=f"backend could not be created: {type(b).__name__}: {b}")
-        elif spec != "oracle" and oracle is None and "oracle" in todo:
+        elif spec.side != "oracle" and oracle is None and has_oracle:
             result = BackendResult(backend=name, side=b.side, status="error", tensors={},
                                    error="the oracle failed for this case, nothing to compare against")
         else:
-            if spec != "oracle" and oracle is None:
+            if spec.side != "oracle" and oracle is None:
                 oracle = cached_oracle(case, inputs)[0]
             result = execute(b, case, inputs)
             backend_wall += result.wall_time_s or 0.0
-            if spec == "oracle" and result.status == "ok":
+            if spec.side == "oracle" and result.status == "ok":
                 oracle = result.tensors
         try:
             rec = _record(case, spec, result, oracle, h, run_id)
@@ -216,7 +222,8 @@ def run_case(case: Case, todo: list[str], backends: dict, out_dir: Path, run_id:
 
 
 def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
-    """Runs cases sent over `conn`; reports ('inputs', case_id, input_hash), ('start', case_id, spec),
+    """Runs cases sent over `conn` (a case dict and its BackendSpecs); reports ('inputs', case_id,
+    input_hash), ('start', case_id, spec),
     ('done', line), ('case', case_id, timing), or ('crash', case_id, error) when the harness
     itself failed on the case. Backends are built lazily, inside a case's timed window."""
     from .proc import die_with_parent
@@ -242,15 +249,15 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
 
 # ------------------------------------------------------------------ parent side
 class _Worker:
-    def __init__(self, ctx, cfg: RunConfig):
+    def __init__(self, ctx, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...]):
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, daemon=True,
-                                args=(child, str(cfg.out_dir), cfg.run_id, tuple(cfg.tpu_targets)))
+                                args=(child, str(out_dir), run_id, tuple(tpu_targets)))
         self.proc.start()
         child.close()
         self.case: Case | None = None
-        self.todo: list[str] = []
-        self.current: str | None = None
+        self.todo: list = []                 # BackendSpecs left in the case
+        self.current = None                  # the BackendSpec running now
         self.started = 0.0
         self.input_hash: str | None = None
 
@@ -288,18 +295,16 @@ class Progress:
             print(file=sys.stderr)
 
 
-def _failure_line(case: Case, spec: str, status: str, error: str, cfg: RunConfig, input_hash: str | None) -> dict:
-    """Record written by the parent for a backend whose worker timed out or died. It never
-    raises: it uses the input hash the worker reported (rebuilding inputs could be what
+def _failure_line(case: Case, spec, status: str, error: str, out_dir: Path, run_id: str, timeout_s: float,
+                  input_hash: str | None) -> dict:
+    """Record written by the parent for a backend (a BackendSpec) whose worker timed out or died.
+    It never raises: it uses the input hash the worker reported (rebuilding inputs could be what
     failed) and, when the record cannot be written, says so in the summary line."""
-    from .backends import backend_name
-    name = backend_name(spec)
-    rec = base_record(case, spec, name, "oracle" if spec == "oracle" else "reference" if spec == "fla" else "candidate",
-                      input_hash, cfg.run_id)
+    rec = base_record(case, spec, spec.name, spec.side, input_hash, run_id)
     rec.update(status=status, verdict=status, error=error, tensors={}, platform="", implementation="",
-               versions={}, kernel_time_s=None, wall_time_s=cfg.timeout_s if status == "timeout" else None, notes={})
+               versions={}, kernel_time_s=None, wall_time_s=timeout_s if status == "timeout" else None, notes={})
     try:
-        rec = write_record(result_path(cfg.out_dir, name, case.id), rec)
+        rec = write_record(result_path(out_dir, spec.name, case.id), rec)
     except OSError as e:
         return {**_summary_line({**rec, "error": f"the record could not be written ({e}); {error}"}), "written": False}
     return _summary_line(rec)
@@ -324,19 +329,20 @@ def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
 
 
 def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
-    """Run every case through cfg.backends; returns the run summary (also written to summary.json).
-    summary["interrupted"] is 'SIGINT' or 'SIGTERM' when a signal ended the run early."""
-    from .backends import backend_name
+    """Run every case through cfg.backends (parsed here, once; SpecError on a bad one); returns the
+    run summary (also written to summary.json). summary["interrupted"] is 'SIGINT' or 'SIGTERM'
+    when a signal ended the run early. cfg is not changed."""
+    from .backends import as_spec, parse_specs
     from .manifest import write_manifest
-    cfg.out_dir = Path(cfg.out_dir)
-    cfg.run_id = cfg.run_id or uuid.uuid4().hex[:12]
-    specs = ["oracle"] + [s for s in cfg.backends if s != "oracle"]
-    cfg.backends = specs
+    out_dir = Path(cfg.out_dir)
+    run_id = cfg.run_id or uuid.uuid4().hex[:12]
+    given = [as_spec(s) for s in cfg.backends]
+    specs = parse_specs(["oracle"]) + parse_specs([s for s in given if s.side != "oracle"])
     if cfg.numerics:  # workers inherit it (parity.tpu_numerics reads it on first use)
         from .tpu_numerics import ENV, check_model
         os.environ[ENV] = check_model(cfg.numerics)
-    names = [backend_name(s) for s in specs]
-    write_manifest(cfg.out_dir, cfg.run_id, "parity run", [c.id for c in cases], names, tpu_targets=cfg.tpu_targets)
+    names = [s.name for s in specs]
+    write_manifest(out_dir, run_id, "parity run", [c.id for c in cases], names, tpu_targets=cfg.tpu_targets)
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
     pending = list(cases)
@@ -351,7 +357,7 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
 
     def spawn() -> _Worker:
-        w = _Worker(ctx, cfg)
+        w = _Worker(ctx, out_dir, run_id, tuple(cfg.tpu_targets))
         pids.add(w.proc.pid)
         return w
 
@@ -360,12 +366,12 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
         spec = w.current or (w.todo[0] if w.todo else None)
         if spec is None:
             return
-        lines.append(_failure_line(w.case, spec, status, err, cfg, w.input_hash))
+        lines.append(_failure_line(w.case, spec, status, err, out_dir, run_id, cfg.timeout_s, w.input_hash))
         rest = [s for s in w.todo if s != spec]
-        if spec == "oracle":
+        if spec.side == "oracle":
             for s in rest:
                 lines.append(_failure_line(w.case, s, "error", "the oracle failed for this case, nothing to compare against",
-                                           cfg, w.input_hash))
+                                           out_dir, run_id, cfg.timeout_s, w.input_hash))
             rest = []
         if rest:
             retry.append((w.case, rest))
@@ -439,19 +445,19 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
             w.proc.join(10)
             if w.proc.is_alive():
                 w.kill()
-        _remove_temporaries(cfg.out_dir, pids)
+        _remove_temporaries(out_dir, pids)
         if main_thread:
             signal.signal(signal.SIGTERM, old_term)
     wall = time.perf_counter() - t0
     summary = {
-        "schema": SCHEMA_VERSION, "kind": "run", "run_id": cfg.run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv, "backends": specs, "jobs": cfg.jobs, "cases": len(cases), "wall_time_s": wall,
+        "schema": SCHEMA_VERSION, "kind": "run", "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv, "backends": [s.text for s in specs], "jobs": cfg.jobs, "cases": len(cases), "wall_time_s": wall,
         "tpu_targets": list(cfg.tpu_targets),
         "interrupted": interrupted,
         "timing": _timing_summary(lines, timings, wall), "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
     }
-    write_json(cfg.out_dir / "summary.json", encode_nonfinite(summary)[0])
-    write_manifest(cfg.out_dir, cfg.run_id, "parity run", [c.id for c in cases], names,
+    write_json(out_dir / "summary.json", encode_nonfinite(summary)[0])
+    write_manifest(out_dir, run_id, "parity run", [c.id for c in cases], names,
                    {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
                    {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)}, finished=interrupted is None,
                    interrupted=interrupted is not None, tpu_targets=cfg.tpu_targets)

@@ -5,8 +5,11 @@ Formula (one for the whole project):
     tol = coef[op][tensor][dtype] * u(dtype) * growth(case)
     growth = sqrt(K / 64) * sqrt(chunk_size / 64) * (1 + 0.5 * log2(max(1, T / chunk_size)))
 
-u(dtype) is the unit roundoff of the case dtype (float32 2^-24, bfloat16 2^-8, float16
-2^-11). The sqrt(K) factor is the length of the q.k reductions; sqrt(chunk) the
+u(dtype) is the unit roundoff of the precision the reference really computes in, stated in
+tolerances.json ("unit"): float32 2^-11 (a GPU's float32 matmuls run on tensor cores in TF32, 10
+explicit mantissa bits), bfloat16 2^-8, float16 2^-11; so a coefficient reads as "so many
+roundoffs of the arithmetic FLA used". Every op, tensor and dtype has its own entry (no dtype
+falls back to another's; a missing entry is a KeyError naming it). The sqrt(K) factor is the length of the q.k reductions; sqrt(chunk) the
 length of the intra-chunk reductions; the log term the slow growth of error through the
 chunk-to-chunk state recurrence (rel_rms is normalised, so it does not grow linearly with
 T). `tensor` groups: o, ht, dq, dk, dv, dg, dg_gamma, dbeta, dh0 each have their own
@@ -14,7 +17,7 @@ coefficient, because gradients accumulate differently (dg and dg_gamma are sums 
 cancellation and carry the largest relative error).
 
 `parity calibrate DIR` fits coef from the reference-side (FLA) epsilons of a run:
-coef = MARGIN * max(eps / (u * growth)) over that run's cases, per op, tensor and dtype,
+coef = MARGIN * max(eps / (u(dtype) * growth)) over that run's cases, per op, tensor and dtype,
 keeps the old coefficient where the run has no sample, and writes tolerances.json with a
 new version. Every verdict records TOL_VERSION.
 """
@@ -29,7 +32,6 @@ import numpy as np
 
 TOL_FILE = Path(__file__).with_name("tolerances.json")
 MARGIN = 4.0
-UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float64": 2.0 ** -53}
 NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
              "float16": np.dtype(np.float16)}
 # tensors computed from float32-only inputs (gates, states) are float32 whatever the case dtype
@@ -42,6 +44,7 @@ def _load() -> dict:
 
 _TABLE = _load()
 TOL_VERSION: str = _TABLE["version"]
+UNIT: dict[str, float] = _TABLE["unit"]   # dtype -> unit roundoff of the reference's arithmetic
 
 
 def growth(case) -> float:
@@ -51,12 +54,16 @@ def growth(case) -> float:
 
 def coef(case, tensor: str, table: dict | None = None) -> float:
     table = table or _TABLE
-    return table["coef"][case.op][tensor][case.dtype if case.dtype in ("float32", "bfloat16") else "bfloat16"]
+    try:
+        return table["coef"][case.op][tensor][case.dtype]
+    except KeyError:
+        raise KeyError(f"tolerances.json has no coefficient for op {case.op!r}, tensor {tensor!r}, "
+                       f"dtype {case.dtype!r}") from None
 
 
 def tol(case, tensor: str) -> float:
     """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`."""
-    return coef(case, tensor) * UNIT_ROUNDOFF[case.dtype] * growth(case)
+    return coef(case, tensor) * UNIT[case.dtype] * growth(case)
 
 
 def output_dtype(case, tensor: str) -> str:
@@ -72,7 +79,7 @@ def calibrate(samples: list[tuple[object, str, float]], table: dict | None = Non
         if eps is None or not math.isfinite(eps):
             continue
         key = (case.op, tensor, case.dtype)
-        ratio = eps / (UNIT_ROUNDOFF[case.dtype] * growth(case))
+        ratio = eps / (table["unit"][case.dtype] * growth(case))
         fitted[key] = max(fitted.get(key, 0.0), ratio)
     for (op, tensor, dtype), ratio in fitted.items():
         table["coef"].setdefault(op, {}).setdefault(tensor, {})[dtype] = round(MARGIN * ratio, 4)

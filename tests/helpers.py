@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cases import Case, input_hash, make_inputs
-from parity.backends import BackendResult
+from parity.backends import BUILTIN, BackendResult, BackendSpec
 from parity.backends.oracle import cached_oracle
 from parity.manifest import manifest_path, write_manifest
 from parity.records import read_json, result_path, write_json
@@ -43,7 +43,9 @@ def record_from_tensors(case: Case, backend: str, side: str, tensors: dict[str, 
     oracle = cached_oracle(case, inputs)[0]
     res = BackendResult(backend=backend, side=side, status="ok", tensors=tensors, platform=platform,
                         implementation="test", wall_time_s=0.0)
-    return _record(case, backend, res, oracle, input_hash(inputs), "test")
+    spec = backend if backend in BUILTIN else BackendSpec(f"{backend}=jax:tests.helpers:fixture", backend, side,
+                                                          "candidate-jax", "tests.helpers:fixture", platform)
+    return _record(case, spec, res, oracle, input_hash(inputs), "test")
 
 
 def write_records(out: Path, *recs: dict, run_id: str = "test") -> None:

@@ -132,12 +132,37 @@ def test_tolerance_grows_with_dtype_T_chunk_and_K():
     assert tol(c, "dg") > tol(c, "o")  # gate gradients carry cancellation
 
 
+def test_tolerances_in_reference_units_equal_the_old_formula():
+    """The table re-expressed in the reference's units (float32 as TF32, u = 2^-11) with explicit
+    float16 entries gives, bit for bit, the tolerances of table v4 read the old way (float32
+    u = 2^-24; float16 took bfloat16's coefficients with u = 2^-11): no verdict changes."""
+    from pathlib import Path
+
+    from cases import OPS
+    from parity.tol import UNIT, coef
+    old = json.loads((Path(__file__).parent / "data" / "tolerances_v4_before_units.json").read_text())["coef"]
+    old_u = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+    assert UNIT == {"float32": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+    checked = 0
+    for op in OPS:
+        gate = "gamma_alibi" if op == "simple_gla" else "g_logsig"
+        for dtype in ("float32", "bfloat16", "float16"):
+            for T, C, K in ((64, 64, 64), (100, 32, 60), (2048, 128, 256), (1, 64, 128)):
+                c = Case(op, 1, T, 2, K, 64, dtype=dtype, chunk_size=C, gate=gate)
+                for tensor in old[op]:
+                    before = old[op][tensor]["bfloat16" if dtype == "float16" else dtype] * old_u[dtype] * growth(c)
+                    assert tol(c, tensor) == before, (c.id, tensor)
+                    assert coef(c, tensor) > 0
+                    checked += 1
+    assert checked == 3 * 3 * 4 * 9
+
+
 def test_calibrate_fits_coefficients_and_bumps_the_version():
     c = Case("gla", 1, 256, 1, 64, 64)
     eps = 3e-6
     table = calibrate([(c, "o", eps), (c, "o", eps / 2), (c, "dq", float("nan"))])
-    from parity.tol import MARGIN, UNIT_ROUNDOFF
-    assert table["coef"]["gla"]["o"]["float32"] == pytest.approx(MARGIN * eps / (UNIT_ROUNDOFF["float32"] * growth(c)), rel=1e-3)
+    from parity.tol import MARGIN, UNIT
+    assert table["coef"]["gla"]["o"]["float32"] == pytest.approx(MARGIN * eps / (UNIT["float32"] * growth(c)), rel=1e-3)
     assert table["version"] != TOL_VERSION
     assert table["coef"]["gla"]["dq"] == json.loads(json.dumps(table["coef"]["gla"]["dq"]))  # unchanged without samples
 

@@ -22,6 +22,7 @@ import pytest
 from cases import Case, make_inputs
 from parity.compare import compare_tensor
 from parity import SCHEMA_VERSION
+from parity.backends import BUILTIN
 from parity.html import build_report, write_report
 from parity.html.build import COMPILE_LABEL
 from parity.records import base_record, result_path, worst_verdict, write_json
@@ -47,7 +48,7 @@ def synthetic_oracle(case: Case) -> dict[str, np.ndarray]:
 
 def record(case: Case, backend: str, side: str, tensors: dict | None, oracle: dict, *, case_id: str | None = None,
            status: str = "ok", error: str | None = None, platform: str = "cpu:test") -> dict:
-    spec = backend if backend in ("oracle", "fla", "pallas") else f"{backend}=jax:parity.examples:recurrent_scan"
+    spec = backend if backend in BUILTIN else f"{backend}=jax:parity.examples:recurrent_scan"
     rec = base_record(case, spec, backend, side, "0" * 64, "test-html")
     rec.update(case_id=case_id or case.id, status=status, platform=platform, implementation=f"test.{backend}",
                versions={"jax": "0.10.2"}, kernel_time_s=0.01, wall_time_s=0.02, error=error, notes={})
@@ -460,3 +461,32 @@ def test_unreadable_compile_record_is_refused_not_skipped(tmp_path):
     (tmp_path / "pallas" / "broken.compile.json").write_text("{not json")
     with pytest.raises(RecordError, match="broken.compile.json: unreadable"):
         build_report([tmp_path])
+
+
+def test_unsupported_is_not_applicable_and_never_outranks_a_pass(tmp_path):
+    """The smoke page's bug: pallas passes every case, pallas-fused has no kernel for most; each
+    case's headline is its applicable candidates' verdict (pass), a case no candidate applies to
+    is 'unsupported' (shown as not applicable), and a failing candidate still shows."""
+    def put(rec):
+        write_json(result_path(tmp_path, rec["backend"], rec["case_id"]), rec)
+
+    both = Case("gla", 1, 64, 1, 64, 64, direction="fwd", seed=21)
+    fused_only_fails = Case("gla", 1, 64, 1, 64, 64, direction="fwd", seed=22)
+    none = Case("gla", 1, 64, 1, 64, 64, direction="fwd", seed=23)
+    for case, pallas, fused in ((both, "ok", "unsupported"), (fused_only_fails, "ok", "ok"), (none, "unsupported", "unsupported")):
+        oracle = synthetic_oracle(case)
+        put(record(case, "oracle", "oracle", None, oracle))
+        put(record(case, "fla", "reference", noisy(oracle, 1e-7, 1), oracle))
+        for name, status in (("pallas", pallas), ("pallas-fused", fused)):
+            bad = name == "pallas-fused" and case is fused_only_fails
+            tensors = noisy(oracle, 1e-2 if bad else 5e-8, 2) if status == "ok" else None
+            put(record(case, name, "candidate", tensors, oracle, status=status,
+                       error="no kernel for op 'gla'" if status != "ok" else None))
+    rep = build_report([tmp_path])
+    rows = {r["id"]: r for r in rep["rows"]}
+    assert rows[both.id]["b"]["pallas-fused"]["v"] == "unsupported" and rows[both.id]["verdict"] == "pass"
+    assert rows[fused_only_fails.id]["verdict"] == "fail-accuracy"
+    assert rows[none.id]["verdict"] == "unsupported"
+    assert rep["summary"]["verdicts"] == {"fail-accuracy": 1, "unsupported": 1, "pass": 1}
+    write_report([tmp_path], tmp_path / "index.html")
+    assert "not applicable 1" in (tmp_path / "index.html").read_text()

@@ -127,3 +127,49 @@ def test_repro_writes_a_standalone_script_that_reproduces_the_epsilons(tmp_path,
     for name, t in rec["tensors"].items():
         m = re.search(rf"^\s+{name}\s+rel_rms (\S+)", printed, re.M)
         assert m and float(m.group(1)) == pytest.approx(t["rel_rms"], rel=1e-3), (name, printed)
+
+
+GAMMA = Case("simple_gla", 1, 40, 2, 32, 32, gate="gamma_alibi", direction="fwd", h0=True, ht=True)
+LOGSIG = Case("simple_gla", 1, 40, 2, 32, 32, gate="g_logsig", direction="fwd")
+
+
+def test_a_candidate_says_what_it_does_not_support(tmp_path):
+    """NotImplementedError("reason") and a supports(case) attribute -> `unsupported` with the
+    reason, not an error; the gate lists them as unsupported and passes the rest."""
+    from parity.gate import evaluate, load
+
+    from .helpers import record_from_tensors, write_records
+    specs = ["raising=jax:tests.spec_candidates:gamma_only_raises",
+             "asking=jax:tests.spec_candidates:gamma_only_supports"]
+    summary = run([GAMMA, LOGSIG], ["oracle", *specs], tmp_path, jobs=1, timeout_s=120)
+    for name, reason in (("raising", "only g_gamma gating, without varlen"), ("asking", "g_gamma gating only, without varlen")):
+        rec = _rec(tmp_path, name, LOGSIG)
+        assert (rec["status"], rec["verdict"], rec["error"]) == ("unsupported", "unsupported", reason)
+        assert _rec(tmp_path, name, GAMMA)["verdict"] == "pass"
+    assert all(r["verdict"] in ("pass", "unsupported") for r in summary["results"])
+    for case in (GAMMA, LOGSIG):   # a reference 1e-5 off the oracle, for the gate
+        oracle = cached_oracle(case, make_inputs(case))[0]
+        write_records(tmp_path, record_from_tensors(case, "fla", "reference", {n: a * (1 + 1e-5) for n, a in oracle.items()}))
+    gate = evaluate(load([tmp_path]))
+    assert gate["ok"], gate["failures"]
+    assert {(u["case_id"], u["candidate"]) for u in gate["unsupported"]} == {
+        (LOGSIG.id, "raising"), (LOGSIG.id, "asking")}
+
+
+def test_a_supports_attribute_that_answers_nonsense_is_an_error(tmp_path, monkeypatch):
+    from tests import spec_candidates
+    monkeypatch.setattr(spec_candidates.gamma_only_supports, "supports", lambda case: "")
+    from parity.backends import execute, make_backend
+    b = make_backend("asking=jax:tests.spec_candidates:gamma_only_supports")
+    res = execute(b, LOGSIG, make_inputs(LOGSIG))
+    assert res.status == "error" and "expected True, False or a non-empty string" in res.error
+
+
+def test_a_not_implemented_error_from_jax_itself_stays_an_error():
+    """Only the candidate's own NotImplementedError means 'unsupported': one jax raises (here: a
+    primitive without a differentiation rule) is a failure of the candidate, never hidden."""
+    from parity.backends import execute, make_backend
+    case = Case("simple_gla", 1, 40, 2, 32, 32, gate="gamma_alibi", h0=True)   # fwd + bwd
+    b = make_backend("nodiff=jax:tests.spec_candidates:no_gradient")
+    res = execute(b, case, make_inputs(case))
+    assert res.status == "error" and "NotImplementedError" in res.error

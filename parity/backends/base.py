@@ -17,7 +17,7 @@ import numpy as np
 
 from cases import Case
 
-SIDES = ("oracle", "reference", "candidate")
+from .spec import KernelCall
 STATUSES = ("ok", "error", "timeout", "unsupported")
 
 
@@ -62,6 +62,11 @@ class Backend(Protocol):
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         """Compute case.output_names(); raise Unsupported(reason) when there is no kernel."""
+        ...
+
+    def kernel_call(self, case: Case) -> KernelCall:
+        """How run() calls its kernel for `case` (module, function, chunk_size passed or not):
+        what `parity repro` writes into its script. Unsupported when there is no kernel."""
         ...
 
 

@@ -5,11 +5,17 @@
     gla:        fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
     kda:        fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
 returning (o, final_state). `chunk_size=` is passed when the function accepts it.
+A candidate says what it does not support, recorded as `unsupported` with the reason (not an
+error, so the gate does not fail it): it raises `NotImplementedError("reason")` (one that jax
+or torch raise, e.g. for a missing differentiation rule, stays an error), or the
+function has an attribute `supports(case) -> bool | str` (True: supported; False or a
+non-empty string, the reason: not supported) that is asked before it is called.
 Gradients w.r.t. every differentiable input through jax.vjp or torch autograd, with
 cotangents do (and dht when the case returns the final state).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from typing import Callable
@@ -17,6 +23,8 @@ from typing import Callable
 import numpy as np
 
 from cases import Case
+
+from .base import Unsupported
 
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "g_gamma": "dg_gamma", "beta": "dbeta",
               "initial_state": "dh0"}
@@ -33,6 +41,48 @@ def accepts(fn: Callable, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def check_candidate_supports(fn: Callable, case: Case) -> None:
+    """Unsupported(reason) when a user's candidate says, through its `supports(case)` attribute,
+    that it does not run `case`; TypeError when supports returns anything but True, False or a
+    non-empty string (the reason)."""
+    supports = getattr(fn, "supports", None)
+    answer = True if supports is None else supports(case)
+    if answer is True:
+        return
+    if answer is False:
+        raise Unsupported(f"supports(case) returned False for {case.id}")
+    if isinstance(answer, str) and answer:
+        raise Unsupported(answer)
+    raise TypeError(f"supports(case) returned {answer!r}: expected True, False or a non-empty string (the reason)")
+
+
+# a NotImplementedError raised inside these (jax without a differentiation rule, say) is a
+# failure of the candidate, not the candidate saying what it does not support
+FRAMEWORK_PACKAGES = ("jax", "jaxlib", "torch", "numpy", "triton")
+
+
+@contextlib.contextmanager
+def candidate_declines():
+    """A user's candidate raising NotImplementedError("reason") -> Unsupported(reason), unless it
+    was raised inside a framework (FRAMEWORK_PACKAGES: the innermost frame decides; jax's
+    traceback filtering is turned off meanwhile so that its frames are there to see)."""
+    import jax
+    filtering = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")
+    try:
+        yield
+    except NotImplementedError as e:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        where = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+        if where.split(".")[0] in FRAMEWORK_PACKAGES:
+            raise
+        raise Unsupported(str(e) or "the candidate raised NotImplementedError") from None
+    finally:
+        jax.config.update("jax_traceback_filtering", filtering)
 
 
 def static_kwargs(case: Case, fn: Callable, cu_seqlens=None) -> dict:

@@ -22,6 +22,7 @@ from cases import Case
 from . import triton_interpreter
 from .base import Execution
 from .calling import GRAD_NAMES, run_torch
+from .spec import REFERENCE, KernelCall
 
 # op -> (module, function)
 FLA_KERNELS = {"simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
@@ -30,7 +31,7 @@ FLA_KERNELS = {"simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
 
 
 def fla_chunk_size(case: Case) -> int:
-    """The chunk size FLA's kernel really uses for this case."""
+    """The chunk size FLA's kernel really uses for this case (gla: its fixed 64)."""
     if case.op == "simple_gla":
         return case.chunk_size
     if case.op == "kda":
@@ -51,7 +52,7 @@ def _kernel(case: Case, cuda: bool):
     import importlib
     if not cuda:
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
-        compiled_already = "fla" in sys.modules and not triton_interpreter.interpreting_fla()
+        compiled_already = "fla" in sys.modules and not triton_interpreter.interpreting_fla()  # the fla package
         triton_interpreter.enable()
         if compiled_already:
             raise FlaImportedTooEarly(
@@ -69,22 +70,30 @@ def _versions() -> dict[str, str]:
 
 class FlaBackend:
     """FLA's chunked Triton kernels: the GPU side of the gate."""
-    name = "fla"
+    name = REFERENCE
     side = "reference"
+
+    @staticmethod
+    def kernel_call(case: Case) -> KernelCall:
+        """FLA's kernel for the case and the chunk_size passed to it (chunk_gla takes none)."""
+        module, function = FLA_KERNELS[case.op]
+        return KernelCall("torch", module, function, None if case.op == "gla" else fla_chunk_size(case),
+                          cu_seqlens_int64=True)
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
         cuda = _cuda()
         fla_fn = _kernel(case, cuda)
         chunk = fla_chunk_size(case)
-        extra = {} if case.op == "gla" else {"chunk_size": chunk}
+        how = self.kernel_call(case)
+        extra = {} if how.chunk_size is None else {"chunk_size": how.chunk_size}
 
         def call(q, k, v, g=None, g_gamma=None, beta=None, scale=None, initial_state=None,
                  output_final_state=False, cu_seqlens=None):
             gates = {"g": g} if case.op != "simple_gla" or g is not None else {"g_gamma": g_gamma}
             if beta is not None:
                 gates["beta"] = beta
-            if cu_seqlens is not None:
+            if cu_seqlens is not None and how.cu_seqlens_int64:
                 cu_seqlens = cu_seqlens.long()
             return fla_fn(q, k, v, **gates, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra)

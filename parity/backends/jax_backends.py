@@ -14,7 +14,8 @@ import numpy as np
 from cases import Case
 
 from .base import CompileSubject, Execution, Unsupported
-from .calling import run_jax
+from .calling import accepts, candidate_declines, check_candidate_supports, run_jax
+from .spec import KernelCall, parse_backend_spec
 
 # implementation name -> {op: (module, function)}
 PALLAS_KERNELS = {
@@ -76,6 +77,12 @@ class PallasBackend:
             raise Unsupported(str(e)) from None
         return fn
 
+    def kernel_call(self, case: Case) -> KernelCall:
+        """The kernels_jax entry point for the case; chunk_size passed when it accepts one."""
+        fn = self.kernel(case)
+        module, function = PALLAS_KERNELS[self.name][case.op]
+        return KernelCall("jax", module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
+
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         fn = self.kernel(case)
         return self.execute(fn, case, inputs, implementation=f"{fn.__module__}.{fn.__name__}")
@@ -116,12 +123,20 @@ class JaxCandidate:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         from jax.experimental.pallas import tpu as pltpu
+        check_candidate_supports(self.fn, case)
         ctx = contextlib.nullcontext() if _tpu_present() else pltpu.force_tpu_interpret_mode()
         numerics = _numerics()
-        with ctx:
+        with ctx, candidate_declines():
             tensors, seconds = run_jax(self.fn, case, inputs)
         return Execution(tensors=tensors, platform=_platform(), implementation=self.spec,
                          versions=_versions(), kernel_time_s=seconds, numerics=numerics)
 
+    def kernel_call(self, case: Case) -> KernelCall:
+        """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
+        module, function = parse_backend_spec(self.spec).module_function()
+        return KernelCall("jax", module, function, case.chunk_size if accepts(self.fn, "chunk_size") else None)
+
     def compile_subject(self, case: Case) -> CompileSubject:
+        check_candidate_supports(self.fn, case)
         return CompileSubject(self.fn, self.spec, expect_mosaic=self.framework == "pallas")
+

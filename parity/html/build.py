@@ -17,12 +17,11 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from .. import SCHEMA_VERSION
+from ..backends.spec import REFERENCE
 from ..compare import describe_localisation
 from ..gate import GateRefusal, evaluate
-from ..records import VERDICT_ORDER, iter_results, read_json
+from ..records import VERDICT_ORDER, load_latest, read_json
 
-REFERENCE = "fla"
 TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
 PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
@@ -31,31 +30,6 @@ TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
 
 # ------------------------------------------------------------------ loading
-def load_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
-    """case_id -> backend -> newest record, and the paths skipped for another schema version."""
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    skipped = []
-    for path, rec in iter_results(dirs):
-        if rec.get("schema") != SCHEMA_VERSION or "case_id" not in rec or "backend" not in rec:
-            skipped.append(str(path))
-            continue
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case), skipped
-
-
-def load_compile_records(dirs: list[Path]) -> tuple[dict[str, dict[str, dict]], list[str]]:
-    """case_id -> candidate backend -> newest compile record (by "created"), read and checked as
-    the gate reads them (records.iter_results: an unreadable or malformed file is an error)."""
-    by_case: dict[str, dict[str, dict]] = defaultdict(dict)
-    for _, rec in iter_results(dirs, kind="compile"):
-        prev = by_case[rec["case_id"]].get(rec["backend"])
-        if prev is None or rec.get("created", "") >= prev.get("created", ""):
-            by_case[rec["case_id"]][rec["backend"]] = rec
-    return dict(by_case), []
-
-
 def _bound_factor(dirs: list[Path]) -> float:
     """The factor of an existing gate.json (what `parity run --bound-factor` used), else 1.0."""
     for d in dirs:
@@ -93,7 +67,7 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
     has_cand = any(r["side"] == "candidate" for recs in by_case.values() for r in recs.values())
     note = None
     if not (has_ref and has_cand):
-        missing = "reference (fla)" if not has_ref else "candidate"
+        missing = f"reference ({REFERENCE})" if not has_ref else "candidate"
         if not compiles:
             return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
         note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
@@ -271,6 +245,17 @@ def _case_dict(recs: dict, compile_recs: dict | None) -> dict:
     return any_rec.get("case") or {}
 
 
+def headline_verdict(cells: dict[str, dict], recs: dict[str, dict], cc: dict | None) -> str:
+    """A case's verdict: the worst of the candidates that apply to it (and its TPU compiles);
+    a candidate with no kernel for it (unsupported) is not applicable and never outranks a pass;
+    "unsupported" when none applies. A case without candidate records: the worst of the oracle's
+    and the reference's."""
+    candidates = [b for b in cells if recs[b].get("side") == "candidate"]
+    judged = [cells[b]["v"] for b in (candidates or cells)]
+    applicable = [v for v in judged if v != "unsupported"] + ([cc["v"]] if cc else [])
+    return _worst(applicable) if applicable else "unsupported"
+
+
 def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str],
              compile_recs: dict | None = None) -> dict:
     """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use;
@@ -291,10 +276,9 @@ def case_row(index: int, case_id: str, recs: dict, gate_case: dict, backends: li
                 "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None,
                 "l": _where(entry, name)}
         cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
-    judged = [c["v"] for c in cells.values()]
     cc = compile_cell(compile_recs)
     row = {"n": index, "id": case_id, "op": case.get("op"), "dtype": case.get("dtype"), "C": case.get("chunk_size"),
-           "gating": _gating(case), "verdict": _worst(judged + ([cc["v"]] if cc else [])), "b": cells}
+           "gating": _gating(case), "verdict": headline_verdict(cells, recs, cc), "b": cells}
     if cc:
         row["cc"] = cc
     if isinstance(gate_case, dict) and gate_case.get("refused"):
@@ -372,8 +356,7 @@ def build_report(dirs: list[Path]) -> dict:
     """{'summary', 'backends', 'rows', 'details', ...} from the result and compile records under `dirs`
     (a case with compile records only gets a row too)."""
     dirs = [Path(d) for d in dirs]
-    by_case, skipped = load_records(dirs)
-    compiles, compile_skipped = load_compile_records(dirs)
+    by_case, compiles = load_latest(dirs), load_latest(dirs, kind="compile")
     backends = backend_order(by_case)
     targets = compile_target_order(compiles)
     gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs), compiles)
@@ -382,7 +365,7 @@ def build_report(dirs: list[Path]) -> dict:
             for i, cid in enumerate(ids)]
     details = [case_detail(row, by_case.get(row["id"], {}), gate_cases.get(row["id"], {}), backends,
                            compiles.get(row["id"]), targets) for row in rows]
-    s = summary(rows, by_case, backends, gate, dirs, skipped + compile_skipped)
+    s = summary(rows, by_case, backends, gate, dirs, [])
     s["compile"] = compile_summary(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
     s["compile_records"] = sum(len(v) for v in compiles.values())
     return {"summary": s, "backends": backends,
@@ -395,6 +378,7 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("parity.html", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.policies["json.dumps_kwargs"] = {"sort_keys": False, "allow_nan": False, "separators": (",", ":")}
+    env.filters["vlabel"] = lambda v: "not applicable" if v == "unsupported" else v   # no kernel for the case
     env.filters["fmt"] = lambda x: "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
     return env
 
@@ -449,6 +433,19 @@ def write_report(dirs: list[Path], out: Path) -> Path:
     html = _env().get_template("index.html.j2").render(
         s=report["summary"], backends=report["backends"], assets=assets.name,
         data_json=Markup(_safe_json(page_data)))
+    tmp = out.with_name(f".tmp-{out.name}")
+    tmp.write_text(html)
+    tmp.replace(out)
+    return out
+
+
+def write_diff_page(result: dict, out: Path) -> Path:
+    """The `parity diff` result (parity.diff.diff_runs) as one self-contained page."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    finite = sorted(r["ratio"] for r in result["rows"] if r["ratio"] is not None and math.isfinite(r["ratio"]))
+    ratios = {"median": statistics.median(finite), "max": finite[-1]} if finite else None
+    html = _env().get_template("diff.html.j2").render(d=result, ratios=ratios, generated=time.strftime("%Y-%m-%d %H:%M:%S%z"))
     tmp = out.with_name(f".tmp-{out.name}")
     tmp.write_text(html)
     tmp.replace(out)

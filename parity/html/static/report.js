@@ -21,7 +21,8 @@
   }
   function add(parent, tag, attrs, text) { const e = el(tag, attrs, text); parent.appendChild(e); return e; }
   function vclass(v) { return VERDICTS.includes(v) ? "v-" + v : "v-other"; }
-  function chip(v) { return el("span", { class: "chip " + vclass(v) }, v); }
+  // unsupported: the backend has no kernel for the case; shown as not applicable
+  function chip(v) { return el("span", { class: "chip " + vclass(v) }, v === "unsupported" ? "n/a (unsupported)" : v); }
   function fmt(x) {
     if (x === null || x === undefined) return "–";
     if (typeof x !== "number") return String(x);
