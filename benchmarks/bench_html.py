@@ -1,6 +1,6 @@
 """How big and how slow is the report for many cases? Synthetic records, real comparator.
 
-    python -m parity.html.bench [N_CASES] [OUT_DIR]     (default 2000, /tmp/parity-html-bench)
+    .venv/bin/python benchmarks/bench_html.py [N_CASES] [OUT_DIR]   (default 2000, /tmp/parity-html-bench)
 
 Compares three fwd+bwd tensor sets (a good, a localised-bad and a NaN candidate) once with
 `compare_tensor`, then writes N cases x (oracle, fla, pallas, pallas-fused) records that
@@ -18,9 +18,8 @@ import numpy as np
 
 from cases import Case
 from parity.compare import compare_tensor
+from parity.html import write_report
 from parity.records import base_record, result_path, worst_verdict, write_json
-
-from . import write_report
 
 
 def _tensor_sets(case: Case) -> dict[str, dict]:
