@@ -65,7 +65,9 @@ class ReferenceFinding(UserWarning):
 def pytest_addoption(parser):
     g = parser.getgroup("parity", "linear-attention parity tests (linattn-parity)")
     g.addoption("--parity-suite", default=None, help="case suite for the parity tests (default smoke)")
-    g.addoption("--parity-cases", default=None, metavar="FILE", help="JSON file of case dicts or ids (instead of a suite)")
+    g.addoption(
+        "--parity-cases", default=None, metavar="FILE", help="JSON file of case dicts or ids (instead of a suite)"
+    )
     g.addoption("--parity-op", default=None, help="only cases of this op")
     g.addoption(
         "--parity-report-dir",
@@ -78,7 +80,8 @@ def pytest_addoption(parser):
         action="append",
         default=[],
         metavar="NAME=FRAMEWORK:MODULE:FUNCTION",
-        help="a kernel to test (FRAMEWORK jax, pallas or torch; MODULE importable from the current directory); repeatable",
+        help="a kernel to test (FRAMEWORK jax, pallas or torch; MODULE importable from the current "
+        "directory); repeatable",
     )
     g.addoption(
         "--parity-backends",
@@ -87,7 +90,10 @@ def pytest_addoption(parser):
         help="keep only these built-in backends in each marker's set (e.g. oracle,fla); default all of them",
     )
     g.addoption(
-        "--parity-bound-factor", default=None, metavar="F", help="eps_candidate <= F * eps_reference + floor (default 1)"
+        "--parity-bound-factor",
+        default=None,
+        metavar="F",
+        help="eps_candidate <= F * eps_reference + floor (default 1)",
     )
     g.addoption(
         "--parity-tpu-targets",
@@ -429,7 +435,9 @@ def check_case(
             gate = None
     cands = [r for r in recs if r["side"] == "candidate"]
     problems = explain(case, by_backend, gate) + [
-        f"[{c['backend']}] {c['verdict']}: {line}\n  repro: {c['repro']}" for c in compiles for line in compile_problems(c)
+        f"[{c['backend']}] {c['verdict']}: {line}\n  repro: {c['repro']}"
+        for c in compiles
+        for line in compile_problems(c)
     ]
     no_kernel = None
     if cands and all(r["status"] == "unsupported" for r in cands):

@@ -11,6 +11,7 @@ Simple GLA (examples/my_kernels) with its float32 einsums DEFAULT (one bf16 MXU 
 TPU) or HIGHEST: under the TPU numerics model (parity.tpu_numerics) the first is less
 accurate than FLA on a GPU, the second is not.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,15 +27,16 @@ from references import simple_gla as _sgla
 from references.common import _scan, _segments
 
 
-def recurrent_scan(q, k, v, g=None, g_gamma=None, beta=None, scale=None, initial_state=None,
-                   output_final_state=False, cu_seqlens=None):
+def recurrent_scan(
+    q, k, v, g=None, g_gamma=None, beta=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
+):
     """Any op by its per-token recurrence in float32: simple_gla when g is [B, T, H] or
     g_gamma is given, kda when beta is given, gla otherwise. Returns (o, final_state)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     cu = None if cu_seqlens is None else np.asarray(cu_seqlens)
     seg, start, end, N = _segments(T, B, cu)
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     f32 = lambda x: jnp.asarray(x, jnp.float32)
     tok = {"q": f32(q), "k": f32(k), "v": f32(v), "scale": jnp.full((B, T, H), scale, jnp.float32)}
     if g_gamma is not None:

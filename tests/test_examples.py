@@ -33,8 +33,18 @@ def test_the_example_repository_runs_its_parity_tests_outside_the_checkout(tmp_p
     repo = tmp_path / "my-kernels"
     shutil.copytree(EXAMPLES, repo)
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "interpret", "-k", CASE,
-           "--parity-tpu-targets=none"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "interpret",
+        "-k",
+        CASE,
+        "--parity-tpu-targets=none",
+    ]
     p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
@@ -47,8 +57,10 @@ def test_the_example_repository_runs_its_parity_tests_outside_the_checkout(tmp_p
 
 def test_the_fwd_bwd_adapter_differentiates_through_the_users_backward():
     B, T, H, K, V = 1, 4, 1, 2, 3
-    marks = [np.full(s, i + 1.0, np.float32) for i, s in enumerate([(B, T, H, K), (B, T, H, K), (B, T, H, V),
-                                                                     (B, T, H), (B, H, K, V)])]
+    marks = [
+        np.full(s, i + 1.0, np.float32)
+        for i, s in enumerate([(B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H), (B, H, K, V)])
+    ]
 
     def fwd(q, k, v, g, h0, scale):
         return v * scale, h0 + 1.0, None

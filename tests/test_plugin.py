@@ -88,8 +88,18 @@ def test_a_path_pytest_took_for_the_rootdir_is_refused_with_the_spelling_that_wo
 
 def test_collection_writes_one_manifest_per_marker_with_the_kept_backends_and_candidates(plugged, pytester):
     pytester.makepyfile(test_p=PARITY_TEST)
-    result = plugged("--co", "--parity-suite", "smoke", "--parity-op", "kda", "--parity-report-dir=r",
-                     "--parity-backends", "oracle,fla", "--parity-candidate", "mine=jax:mod:fn")
+    result = plugged(
+        "--co",
+        "--parity-suite",
+        "smoke",
+        "--parity-op",
+        "kda",
+        "--parity-report-dir=r",
+        "--parity-backends",
+        "oracle,fla",
+        "--parity-candidate",
+        "mine=jax:mod:fn",
+    )
     assert result.ret == pytest.ExitCode.OK
     manifests = {p.name.rsplit("-", 1)[1]: json.loads(p.read_text()) for p in (pytester.path / "r").glob("manifest-*")}
     kda = [c.id for c in get_suite("smoke") if c.op == "kda"]
@@ -118,15 +128,38 @@ def test_registered_by_entry_point_name_and_by_module_it_loads_once(plugged, pyt
 
 
 def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "tests/test_parity.py",
-           f"--parity-report-dir={tmp_path / 'reports'}", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rs",
+        "tests/test_parity.py",
+        f"--parity-report-dir={tmp_path / 'reports'}",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
 def test_planted_failing_candidate_fails_with_explanation_and_repro(tmp_path):
     spec = "planted=jax:tests.example_candidates:returns_nan"
-    p = _pytest("-m", "interpret", "--parity-suite", "smoke", "-k", CASE, "--parity-backends", "oracle,fla",
-                "--parity-tpu-targets", "none", "--parity-candidate", spec, tmp_path=tmp_path)
+    p = _pytest(
+        "-m",
+        "interpret",
+        "--parity-suite",
+        "smoke",
+        "-k",
+        CASE,
+        "--parity-backends",
+        "oracle,fla",
+        "--parity-tpu-targets",
+        "none",
+        "--parity-candidate",
+        spec,
+        tmp_path=tmp_path,
+    )
     assert p.returncode == 1, p.stdout[-3000:]
     out = p.stdout
     assert "[planted] o: nan-inf" in out

@@ -41,8 +41,9 @@ def fla_op_from_fwd_bwd(fwd, bwd):
 
     op.defvjp(op_fwd, op_bwd)
 
-    def simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                   cu_seqlens=None):
+    def simple_gla(
+        q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
+    ):
         if cu_seqlens is not None:
             raise NotImplementedError("varlen (cu_seqlens) is not implemented by this kernel")
         B, T, H, K = q.shape
@@ -79,8 +80,12 @@ def _recurrent_bwd(scale, residuals, do, dht):
         decay = jnp.exp(gt)[..., None, None]
         state = prev * decay + ein("bhk,bhv->bhkv", kt, vt)
         ds = ds + scale * ein("bhk,bhv->bhkv", qt, dot)
-        grads = (scale * ein("bhv,bhkv->bhk", dot, state), ein("bhkv,bhv->bhk", ds, vt),
-                 ein("bhk,bhkv->bhv", kt, ds), jnp.sum(ds * prev * decay, axis=(-2, -1)))
+        grads = (
+            scale * ein("bhv,bhkv->bhk", dot, state),
+            ein("bhkv,bhv->bhk", ds, vt),
+            ein("bhk,bhkv->bhv", kt, ds),
+            jnp.sum(ds * prev * decay, axis=(-2, -1)),
+        )
         return ds * decay, grads
 
     xs = (f32(q), f32(k), f32(v), f32(g), f32(do), before)

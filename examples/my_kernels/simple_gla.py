@@ -15,8 +15,19 @@ import jax
 import jax.numpy as jnp
 
 
-def chunked_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                       cu_seqlens=None, chunk_size=64, precision=jax.lax.Precision.HIGHEST):
+def chunked_simple_gla(
+    q,
+    k,
+    v,
+    g=None,
+    g_gamma=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    chunk_size=64,
+    precision=jax.lax.Precision.HIGHEST,
+):
     """The chunked algorithm with its float32 einsums at `precision`: HIGHEST is six bf16 MXU
     passes on a TPU (float32-accurate), DEFAULT one pass on bf16-rounded operands."""
     if cu_seqlens is not None:
@@ -48,7 +59,17 @@ def chunked_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=
     return o.astype(v.dtype), (ht if output_final_state else None)
 
 
-def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, chunk_size=64):
+def chunk_simple_gla(
+    q,
+    k,
+    v,
+    g=None,
+    g_gamma=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    chunk_size=64,
+):
     """The kernel under test: the chunked algorithm at HIGHEST precision."""
     return chunked_simple_gla(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, chunk_size)

@@ -1,8 +1,8 @@
 """Parity tests of my_kernels: one test per case of parity_cases.json and marker.
 
-    pytest -m interpret   FLA and the candidates through their CPU interpreters (any machine)
-    pytest -m gpu         FLA compiled on CUDA: the reference side (skips without a GPU)
-    pytest -m tpu         the candidates compiled on a TPU (skips without a TPU)
+pytest -m interpret   FLA and the candidates through their CPU interpreters (any machine)
+pytest -m gpu         FLA compiled on CUDA: the reference side (skips without a GPU)
+pytest -m tpu         the candidates compiled on a TPU (skips without a TPU)
 """
 
 import pytest
