@@ -29,8 +29,10 @@ imported inside the hooks that need them, so the plugin costs nothing in other t
 from __future__ import annotations
 
 import functools
+import glob
 import math
 import os
+import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -110,11 +112,10 @@ def pytest_configure(config):
     _refuse_bad_options(config)
     # one id for the whole session, inherited by xdist workers through the environment
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
-    if _may_interpret(config) and _cuda_missing():
+    if _no_cuda_device():
         # FLA's kernels must be built for the Triton interpreter: ask before any test imports fla
-        from parity.backends import triton_interpreter
-
-        triton_interpreter.request()
+        # (parity.backends.triton_interpreter.request(), without importing the harness here)
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_generate_tests(metafunc):
@@ -295,11 +296,12 @@ def _tpu_targets(text: str | None) -> tuple[str, ...]:
         raise pytest.UsageError(str(e).replace("--tpu-targets", "--parity-tpu-targets")) from None
 
 
-def _may_interpret(config) -> bool:
-    """Whether this session may run FLA through the Triton interpreter: a parity option or a
-    marker expression naming interpret (other test suites are left alone)."""
-    given = any(a.startswith("--parity-") for a in config.invocation_params.args)
-    return given or "interpret" in (config.getoption("markexpr") or "")
+def _no_cuda_device() -> bool:
+    """No CUDA device here. On Linux, without /dev/nvidia<N> there is none (no torch import);
+    with one, torch decides (a CPU build of torch has no CUDA either)."""
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*"):
+        return True
+    return _cuda_missing() is not None
 
 
 @functools.cache

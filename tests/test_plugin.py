@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 # imported before pytester's in-process runs, which unload the modules they import (torch: the
-# plugin asks it for CUDA when a --parity- option is given)
+# plugin asks it for CUDA where /dev/nvidia<N> exists)
 import torch  # noqa: F401
 
 import parity.gate  # noqa: F401
@@ -115,6 +115,24 @@ def test_a_session_without_parity_tests_writes_and_gates_nothing(plugged, pytest
     assert result.ret == pytest.ExitCode.OK
     assert "parity gate" not in result.stdout.str()
     assert not (pytester.path / "r").exists()
+
+
+def test_a_session_without_parity_tests_imports_no_framework(pytester, monkeypatch):
+    """The plugin is loaded in every pytest session of an environment that has the package:
+    it must not import jax, torch, fla, triton or the harness unless parity tests run."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeconftest(
+        "import sys\n"
+        "def pytest_unconfigure(config):\n"
+        "    heavy = {'jax', 'torch', 'fla', 'triton', 'numpy', 'cases', 'references', 'kernels_jax'}\n"
+        "    names = sorted({m.split('.')[0] for m in sys.modules} & heavy)\n"
+        "    names += sorted(m for m in sys.modules if m.startswith('parity.') and m != 'parity.pytest_plugin')\n"
+        "    open('imported.txt', 'w').write(' '.join(names))\n"
+    )
+    pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "parity.pytest_plugin", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    assert (pytester.path / "imported.txt").read_text() == ""
 
 
 def test_registered_by_entry_point_name_and_by_module_it_loads_once(plugged, pytester):
