@@ -135,14 +135,16 @@ def test_a_session_without_parity_tests_imports_no_framework(pytester, monkeypat
     assert (pytester.path / "imported.txt").read_text() == ""
 
 
-def test_registered_by_entry_point_name_and_by_module_it_loads_once(plugged, pytester):
-    """The entry point is named like the module, so a conftest's pytest_plugins or -p that names
-    it again finds it registered (no 'Plugin already registered' error)."""
+def test_entry_point_conftest_and_dash_p_together_register_it_once(pytester, monkeypatch):
+    """The entry point is named like the module, so a conftest's pytest_plugins and -p that name
+    it again find it registered (no 'Plugin already registered'); with the package installed
+    (CI) this session loads it through all three."""
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     pytester.makeconftest('pytest_plugins = ["parity.pytest_plugin"]')
-    pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
-    assert plugged().ret == pytest.ExitCode.OK
-    entry = ROOT / "pyproject.toml"
-    assert '"parity.pytest_plugin" = "parity.pytest_plugin"' in entry.read_text()
+    pytester.makepyfile(test_plain="def test_ok(parity_check):\n    pass\n")  # the plugin's fixture
+    result = pytester.runpytest_subprocess("-p", "parity.pytest_plugin", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    assert '"parity.pytest_plugin" = "parity.pytest_plugin"' in (ROOT / "pyproject.toml").read_text()
 
 
 def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
