@@ -24,6 +24,8 @@ records is printed in the terminal summary and fails the session when it fails.
 
 Only the standard library and pytest are imported here: jax, torch, fla and the harness are
 imported inside the hooks that need them, so the plugin costs nothing in other test suites.
+Where no CUDA device exists it sets TRITON_INTERPRET=1 at configure (FLA's kernels must be
+built for the Triton interpreter before fla is first imported).
 """
 
 from __future__ import annotations
