@@ -172,10 +172,9 @@ def pytest_sessionfinish(session, exitstatus):
     if not report_dir.exists():
         return
     text, ok = session_gate(report_dir, os.environ["PARITY_RUN_ID"], _bound_factor(session.config))
-    if ok is None:
-        return
-    session.config.stash[_GATE] = (text, ok)
-    if not ok and session.exitstatus == 0:
+    if text:
+        session.config.stash[_GATE] = (text, ok)
+    if ok is False and session.exitstatus == 0:
         session.exitstatus = 1
 
 
@@ -484,7 +483,10 @@ def write_session_manifests(items, config, run_id: str) -> list[Path]:
 
 
 def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, bool | None]:
-    """Gate over this session's records: (text, ok) with ok None when there is nothing to gate."""
+    """Gate over this session's records: (text, ok). The cases with both the reference and a
+    candidate are gated; a session with one side only (gpu: the reference; tpu: the candidates,
+    each already held to its tolerance by its test) leaves the bound to `parity gate` over both
+    machines' directories: ok None, as when the session wrote nothing (text '')."""
     from collections import defaultdict
 
     from parity.gate import GateRefusal, evaluate, format_summary
@@ -499,10 +501,22 @@ def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, boo
         if rec.get("run_id") == run_id:
             compiles[rec["case_id"]][rec["backend"]] = rec
     if not by_case:
-        return "parity gate: no results in this session", None
+        return "", None
+    sides = {rec["side"] for recs in by_case.values() for rec in recs.values()}
+    by_case = {c: recs for c, recs in by_case.items() if REFERENCE in recs and _has_candidate(recs)}
+    if not by_case:
+        wrote = "the reference" if "reference" in sides else "candidates" if "candidate" in sides else "the oracle"
+        return (
+            f"parity gate: not run: this session wrote {wrote} only; the bound needs both sides: "
+            f"parity gate {report_dir} <the other side's report dir>"
+        ), None
     try:
-        result = evaluate(dict(by_case), factor, compiles=dict(compiles))
+        result = evaluate(by_case, factor, compiles={c: v for c, v in compiles.items() if c in by_case})
     except GateRefusal as e:  # what the gate cannot compare is never a pass
         return f"parity gate: refused: {e}", False
     write_json(Path(report_dir) / "gate.json", result)
     return format_summary(result), result["ok"]
+
+
+def _has_candidate(recs: dict[str, dict]) -> bool:
+    return any(r["side"] == "candidate" for r in recs.values())

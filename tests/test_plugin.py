@@ -20,7 +20,8 @@ import parity.gate  # noqa: F401
 import parity.manifest  # noqa: F401
 import parity.records  # noqa: F401
 import parity.tpu_compile  # noqa: F401
-from cases import get_suite
+from cases import get_suite, make_inputs
+from parity.backends.oracle import cached_oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "simple_gla-fwd-B1-T96-H2-K64-V64-fp32-C64-g_stress"  # a smoke case, forward only
@@ -145,6 +146,30 @@ def test_entry_point_conftest_and_dash_p_together_register_it_once(pytester, mon
     result = pytester.runpytest_subprocess("-p", "parity.pytest_plugin", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
     assert '"parity.pytest_plugin" = "parity.pytest_plugin"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_session_gate_bounds_what_has_both_sides_and_leaves_one_side_to_parity_gate(tmp_path):
+    """gpu sessions write the reference only and tpu sessions the candidates only: not a gate
+    failure (each candidate test already held its tensors to tolerance); with both, gated."""
+    from parity.pytest_plugin import session_gate
+
+    from .helpers import SMALL, perturbed, record_from_tensors, write_records
+
+    oracle = cached_oracle(SMALL, make_inputs(SMALL))[0]
+    fla_like = perturbed(SMALL, {n: oracle[n] * (1 + 1e-6) for n in SMALL.output_names()}, 1.0)
+    ref = record_from_tensors(SMALL, "fla", "reference", fla_like)
+    twice = record_from_tensors(SMALL, "mine", "candidate", perturbed(SMALL, fla_like, 3.0))
+    for name, recs in (("gpu", [ref]), ("tpu", [twice])):
+        write_records(tmp_path / name, *recs)
+        text, ok = session_gate(tmp_path / name, "test", 1.0)
+        assert ok is None and "not run" in text and f"parity gate {tmp_path / name}" in text
+    (tmp_path / "nothing").mkdir()
+    assert session_gate(tmp_path / "nothing", "test", 1.0) == ("", None)
+    write_records(tmp_path / "both", ref, twice)
+    text, ok = session_gate(tmp_path / "both", "test", 1.0)
+    assert ok is False and "gate: FAIL" in text  # 3x the reference's error breaks the bound
+    assert session_gate(tmp_path / "both", "test", 3.5)[1] is True
+    assert session_gate(tmp_path / "both", "another-session", 1.0) == ("", None)
 
 
 def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
