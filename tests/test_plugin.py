@@ -6,6 +6,7 @@ and hardware markers skip with a reason."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -185,7 +186,8 @@ def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
         f"--parity-report-dir={tmp_path / 'reports'}",
         *args,
     ]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    env = {k: v for k, v in os.environ.items() if k != "PARITY_RUN_ID"}  # a session of its own
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_planted_failing_candidate_fails_with_explanation_and_repro(tmp_path):
