@@ -7,7 +7,7 @@
 #     STEP: run:SUITE      parity run --suite SUITE --backends oracle,fla -> OUT/SUITE
 #           run:realistic  the full suite's cases with B*T*H*K*V <= 2^30 (the oracle's cost)
 #           npz:SUITE      FLA's tensors per case -> OUT/npz-SUITE (fla_cuda_vs_interpreter.py save)
-#           pytest:SUITE   pytest -m gpu --suite SUITE -> OUT/pytest-SUITE
+#           pytest:SUITE   pytest -m gpu --parity-suite SUITE -> OUT/pytest-SUITE
 # Then, on any machine: parity gate OUT/ci <candidate reports of the ci suite>.
 # JOBS (default 8) sets -j; every step's log goes to OUT/<step>.log.
 set -uo pipefail
@@ -31,8 +31,8 @@ for step in "$@"; do
     npz)
       python3 benchmarks/fla_cuda_vs_interpreter.py save "$OUT/npz-$suite" --suite "$suite" > "$OUT/$step.log" 2>&1 || status=$? ;;
     pytest)
-      python3 -m pytest -p no:cacheprovider -o addopts="" -q -n "$JOBS" -m gpu tests/test_parity.py --suite "$suite" \
-        --report-dir "$OUT/pytest-$suite" > "$OUT/$step.log" 2>&1 || status=$? ;;
+      python3 -m pytest -p no:cacheprovider -o addopts="" -q -n "$JOBS" -m gpu tests/test_parity.py --parity-suite "$suite" \
+        --parity-report-dir="$OUT/pytest-$suite" > "$OUT/$step.log" 2>&1 || status=$? ;;
     *) echo "unknown step $step" >&2; status=2 ;;
   esac
   echo "    $(( $(date +%s) - t0 )) s, exit $status; last lines:"

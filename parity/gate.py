@@ -35,7 +35,7 @@ from pathlib import Path
 from cases import Case
 
 from . import SCHEMA_VERSION
-from .backends.spec import REFERENCE
+from .spec import REFERENCE
 from .compare import bound, bound_localisation, describe_localisation
 from .records import ByCase, RecordError, iter_results, load_latest, newest, worst_verdict, write_json
 

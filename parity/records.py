@@ -216,7 +216,7 @@ def result_path(out_dir: Path, backend: str, case_id: str, kind: str = "result")
 def repro_command(case_id: str, backend_spec) -> str:
     """The one command that reruns just this case on just this backend (a BackendSpec or its
     text) and the oracle."""
-    from .backends.spec import as_spec
+    from .spec import as_spec
     cmd = ["parity", "run", "--case", case_id, *as_spec(backend_spec).cli_args()]
     return " ".join(shlex.quote(c) for c in cmd + ["--out", "repro"])
 
@@ -235,7 +235,7 @@ def base_record(case, backend_spec, backend: str, side: str, input_hash: str, ru
 
 
 def compile_repro_command(case_id: str, backend_spec, targets) -> str:
-    from .backends.spec import as_spec
+    from .spec import as_spec
     spec = as_spec(backend_spec)
     cmd = ["parity", "compile", "--case", case_id]
     cmd += ["--candidate", spec.text] if spec.is_candidate_spec else ["--backends", spec.text]
@@ -346,7 +346,7 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
     from cases import Case, CaseError
 
     from .backends.base import STATUSES
-    from .backends.spec import SIDES
+    from .spec import SIDES
 
     def bad(field, value, allowed):
         field_error(path, field, value, allowed)

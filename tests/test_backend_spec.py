@@ -10,7 +10,7 @@ import pytest
 
 from cases import Case
 from parity.backends import BackendSpec, SpecError, parse_backend_spec
-from parity.backends.spec import REFERENCE
+from parity.spec import REFERENCE
 from parity.cli import main
 from parity.records import repro_command
 from parity.runner import RunConfig, run_cases

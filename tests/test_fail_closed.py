@@ -307,7 +307,7 @@ def test_3_concurrent_writers_leave_one_valid_entry(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ 4. nothing escapes the output folder
 @pytest.mark.parametrize("name", ["..", ".", "a/b", "-x", ""])
 def test_4_a_candidate_name_with_path_components_is_refused(tmp_path, name, capsys):
-    rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", f"--candidate={name}=jax:parity.examples:raises",
+    rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", f"--candidate={name}=jax:tests.example_candidates:raises",
                       "--out", tmp_path / "o"], capsys)
     refused(rc, err, "NAME", "A-Z a-z 0-9")
     assert list(tmp_path.iterdir()) == []

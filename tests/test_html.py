@@ -48,7 +48,7 @@ def synthetic_oracle(case: Case) -> dict[str, np.ndarray]:
 
 def record(case: Case, backend: str, side: str, tensors: dict | None, oracle: dict, *, case_id: str | None = None,
            status: str = "ok", error: str | None = None, platform: str = "cpu:test") -> dict:
-    spec = backend if backend in BUILTIN else f"{backend}=jax:parity.examples:recurrent_scan"
+    spec = backend if backend in BUILTIN else f"{backend}=jax:tests.example_candidates:recurrent_scan"
     rec = base_record(case, spec, backend, side, "0" * 64, "test-html")
     rec.update(case_id=case_id or case.id, status=status, platform=platform, implementation=f"test.{backend}",
                versions={"jax": "0.10.2"}, kernel_time_s=0.01, wall_time_s=0.02, error=error, notes={})

@@ -1,9 +1,9 @@
-"""Registry-driven parity tests: one test per case of --suite (or --cases), per marker.
+"""Registry-driven parity tests: one test per case of --parity-suite (or --parity-cases), per marker.
 
-    pytest -m interpret --suite smoke     FLA and Pallas through their CPU interpreters
-    pytest -m gpu --suite ci              FLA compiled on CUDA (skips without a GPU)
-    pytest -m tpu --suite ci              Pallas compiled on TPU (skips without a TPU)
-Records go to --report-dir; the gate runs over them at session end (conftest.py).
+    pytest -m interpret --parity-suite smoke   FLA and Pallas through their CPU interpreters
+    pytest -m gpu --parity-suite ci            FLA compiled on CUDA (skips without a GPU)
+    pytest -m tpu --parity-suite ci            Pallas compiled on TPU (skips without a TPU)
+Records go to --parity-report-dir; the gate runs over them at session end (parity/pytest_plugin.py).
 """
 import pytest
 

@@ -12,10 +12,10 @@ from parity.runner import shard
 from .helpers import SMALL, run
 
 CANDIDATES = {
-    "scan": "scan=jax:parity.examples:recurrent_scan",
-    "boom": "boom=jax:parity.examples:raises",
-    "nan": "nan=jax:parity.examples:returns_nan",
-    "hang": "hang=jax:parity.examples:never_returns",
+    "scan": "scan=jax:tests.example_candidates:recurrent_scan",
+    "boom": "boom=jax:tests.example_candidates:raises",
+    "nan": "nan=jax:tests.example_candidates:returns_nan",
+    "hang": "hang=jax:tests.example_candidates:never_returns",
 }
 
 
@@ -88,7 +88,7 @@ def test_oracle_cache_is_reused_from_a_copied_directory(tmp_path, monkeypatch):
     (["run", "--suite", "smoke", "--candidate", "x=mlx:m:f"], "FRAMEWORK 'mlx'"),
     (["run", "--suite", "smoke", "--candidate", "nonsense"], "NAME=FRAMEWORK:MODULE:FUNCTION"),
     (["run", "--suite", "smoke", "--candidate", "x=jax:no_such_module:f"], "cannot import module 'no_such_module'"),
-    (["run", "--suite", "smoke", "--candidate", "x=jax:parity.examples:nope"], "has no function 'nope'"),
+    (["run", "--suite", "smoke", "--candidate", "x=jax:tests.example_candidates:nope"], "has no function 'nope'"),
     (["run", "--suite", "smoke", "--shard", "4/3"], "1 <= I <= N"),
     (["cases", "--case", "x"], "unrecognized"),
 ])

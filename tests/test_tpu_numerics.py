@@ -102,8 +102,8 @@ CASES = [Case("simple_gla", 1, 128, 2, 128, 128, gate="gamma_alibi", direction="
 
 @functools.cache
 def _gate(tmp, numerics):
-    specs = ["fla", "default=jax:parity.examples:chunked_jax_default",
-             "highest=jax:parity.examples:chunked_jax_highest"]
+    specs = ["fla", "default=jax:tests.example_candidates:chunked_jax_default",
+             "highest=jax:tests.example_candidates:chunked_jax_highest"]
     run(CASES, specs, tmp, numerics=numerics)
     return evaluate(load([tmp]))
 

@@ -1,6 +1,6 @@
 """Backends: oracle (float64), fla (FLA Triton), pallas / pallas-fused (kernels_jax), mutant:NAME
 (parity.mutants) and user candidates NAME=FRAMEWORK:MODULE:FUNCTION (FRAMEWORK jax, pallas or
-torch). A spec is parsed once (parity.backends.spec.parse_backend_spec) into a BackendSpec;
+torch). A spec is parsed once (parity.spec.parse_backend_spec) into a BackendSpec;
 `make_backend(spec)` builds its backend (in a worker process, from the spec)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 
 from .base import Backend, BackendResult, CompileSubject, Execution, Unsupported, execute
-from .spec import (BUILTIN, FRAMEWORKS, MUTANT_PREFIX, NAME_RE, REFERENCE, BackendSpec, KernelCall, SpecError,
+from ..spec import (BUILTIN, FRAMEWORKS, MUTANT_PREFIX, NAME_RE, REFERENCE, BackendSpec, KernelCall, SpecError,
                    as_spec, parse_backend_spec)
 
 

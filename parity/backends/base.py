@@ -17,7 +17,7 @@ import numpy as np
 
 from cases import Case
 
-from .spec import KernelCall
+from ..spec import KernelCall
 STATUSES = ("ok", "error", "timeout", "unsupported")
 
 

@@ -22,7 +22,7 @@ from cases import Case
 from . import triton_interpreter
 from .base import Execution
 from .calling import GRAD_NAMES, run_torch
-from .spec import REFERENCE, KernelCall
+from ..spec import REFERENCE, KernelCall
 
 # op -> (module, function)
 FLA_KERNELS = {"simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),

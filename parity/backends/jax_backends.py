@@ -15,7 +15,7 @@ from cases import Case
 
 from .base import CompileSubject, Execution, Unsupported
 from .calling import accepts, candidate_declines, check_candidate_supports, run_jax
-from .spec import KernelCall, parse_backend_spec
+from ..spec import KernelCall, parse_backend_spec
 
 # implementation name -> {op: (module, function)}
 PALLAS_KERNELS = {

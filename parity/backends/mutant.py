@@ -8,7 +8,7 @@ from cases import Case
 from ..mutants.catalogue import BY_NAME
 from .base import CompileSubject, Execution, Unsupported
 from .jax_backends import PallasBackend
-from .spec import BackendSpec, KernelCall
+from ..spec import BackendSpec, KernelCall
 
 
 class MutantBackend:

@@ -9,7 +9,7 @@ from cases import Case
 
 from .base import Execution
 from .calling import accepts, candidate_declines, check_candidate_supports, run_torch
-from .spec import KernelCall, parse_backend_spec
+from ..spec import KernelCall, parse_backend_spec
 
 
 class TorchCandidate:

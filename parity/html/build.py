@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from ..backends.spec import REFERENCE
+from ..spec import REFERENCE
 from ..compare import describe_localisation
 from ..gate import GateRefusal, evaluate
 from ..records import VERDICT_ORDER, load_latest, read_json

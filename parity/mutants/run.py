@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cases import Case
 
-from ..backends.spec import MUTANT_PREFIX, REFERENCE
+from ..spec import MUTANT_PREFIX, REFERENCE
 from ..compare import describe_localisation
 from ..gate import evaluate, load, load_compiles
 from ..records import write_json

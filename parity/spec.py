@@ -100,7 +100,7 @@ def parse_backend_spec(text: str) -> BackendSpec:
         return BackendSpec(text, text, "candidate", "kernels_jax",
                            "kernels_jax " + ("fused" if text == "pallas-fused" else "chunk") + " kernels", RUNS_ON_JAX)
     if text.startswith(MUTANT_PREFIX):
-        from ..mutants.catalogue import BY_NAME
+        from .mutants.catalogue import BY_NAME
         mutant = text[len(MUTANT_PREFIX):]
         if mutant not in BY_NAME:
             raise SpecError(f"unknown mutant {text!r}: expected mutant:NAME with NAME one of {sorted(BY_NAME)}")

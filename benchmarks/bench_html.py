@@ -1,11 +1,12 @@
 """How big and how slow is the report for many cases? Synthetic records, real comparator.
 
-    python -m parity.html.bench [N_CASES] [OUT_DIR]     (default 2000, /tmp/parity-html-bench)
+    .venv/bin/python benchmarks/bench_html.py [N_CASES] [OUT_DIR]   (default 2000, /tmp/parity-html-bench)
 
 Compares three fwd+bwd tensor sets (a good, a localised-bad and a NaN candidate) once with
 `compare_tensor`, then writes N cases x (oracle, fla, pallas, pallas-fused) records that
 reuse them under distinct case ids, and times `write_report` and reports the sizes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,20 +19,25 @@ import numpy as np
 
 from cases import Case
 from parity.compare import compare_tensor
+from parity.html import write_report
 from parity.records import base_record, result_path, worst_verdict, write_json
-
-from . import write_report
 
 
 def _tensor_sets(case: Case) -> dict[str, dict]:
     rng = np.random.default_rng(0)
-    shapes = {"o": (1, case.T, case.H, case.V), "ht": (1, case.H, case.K, case.V), "dq": (1, case.T, case.H, case.K),
-              "dk": (1, case.T, case.H, case.K), "dv": (1, case.T, case.H, case.V), "dg": (1, case.T, case.H),
-              "dh0": (1, case.H, case.K, case.V)}
+    shapes = {
+        "o": (1, case.T, case.H, case.V),
+        "ht": (1, case.H, case.K, case.V),
+        "dq": (1, case.T, case.H, case.K),
+        "dk": (1, case.T, case.H, case.K),
+        "dv": (1, case.T, case.H, case.V),
+        "dg": (1, case.T, case.H),
+        "dh0": (1, case.H, case.K, case.V),
+    }
     oracle = {n: rng.standard_normal(s) for n, s in shapes.items() if n in case.output_names()}
     noisy = lambda rel: {n: a + rel * rng.standard_normal(a.shape) for n, a in oracle.items()}
     bad = noisy(1e-7)
-    bad["o"][:, case.T // 2:, 1] += 1e-3
+    bad["o"][:, case.T // 2 :, 1] += 1e-3
     nan = noisy(1e-7)
     nan["dq"][0, -5:] = np.nan
     sets = {"ref": noisy(1e-7), "good": noisy(5e-8), "bad": bad, "nan": nan}
@@ -41,16 +47,36 @@ def _tensor_sets(case: Case) -> dict[str, dict]:
 def write_synthetic(out: Path, n_cases: int) -> None:
     base = Case("simple_gla", 1, 512, 2, 64, 64, h0=True, ht=True)
     sets, oracle = _tensor_sets(base)
-    stats = {n: {"shape": list(a.shape), "rms": float(np.sqrt(np.mean(a ** 2))), "max_abs": float(np.abs(a).max()),
-                 "nonfinite": 0, "verdict": "pass"} for n, a in oracle.items()}
+    stats = {
+        n: {
+            "shape": list(a.shape),
+            "rms": float(np.sqrt(np.mean(a**2))),
+            "max_abs": float(np.abs(a).max()),
+            "nonfinite": 0,
+            "verdict": "pass",
+        }
+        for n, a in oracle.items()
+    }
     for i in range(n_cases):
         case = base.replace(seed=i, dtype=("float32", "bfloat16")[i % 2], chunk_size=(64, 128)[(i // 2) % 2])
         kind = "bad" if i % 97 == 5 else "nan" if i % 211 == 7 else "good"
-        for backend, side, tset in (("oracle", "oracle", None), ("fla", "reference", "ref"),
-                                    ("pallas", "candidate", kind), ("pallas-fused", "candidate", "good")):
+        for backend, side, tset in (
+            ("oracle", "oracle", None),
+            ("fla", "reference", "ref"),
+            ("pallas", "candidate", kind),
+            ("pallas-fused", "candidate", "good"),
+        ):
             rec = base_record(case, backend, backend, side, f"{i:064x}", "bench")
-            rec.update(status="ok", platform="cpu:bench", implementation="bench", versions={"jax": "0"},
-                       kernel_time_s=0.1, wall_time_s=0.1, error=None, notes={})
+            rec.update(
+                status="ok",
+                platform="cpu:bench",
+                implementation="bench",
+                versions={"jax": "0"},
+                kernel_time_s=0.1,
+                wall_time_s=0.1,
+                error=None,
+                notes={},
+            )
             rec["tensors"] = copy.deepcopy(stats) if tset is None else copy.deepcopy(sets[tset])
             rec["verdict"] = worst_verdict(t["verdict"] for t in rec["tensors"].values())
             write_json(result_path(out, backend, case.id), rec)
@@ -68,9 +94,12 @@ def main(argv: list[str]) -> None:
     cases = sorted((out / "index_files" / "cases").glob("*.js"))
     sizes = [f.stat().st_size for f in cases]
     print(f"{n} cases, {4 * n} records written in {t1 - t0:.1f} s; write_report {t2 - t1:.1f} s")
-    print(f"index.html {page.stat().st_size / 1e6:.2f} MB; {len(cases)} case files, "
-          f"median {np.median(sizes) / 1e3:.1f} kB, max {max(sizes) / 1e3:.1f} kB, total {sum(sizes) / 1e6:.1f} MB; "
-          f"plotly.min.js {(out / 'index_files' / 'plotly.min.js').stat().st_size / 1e6:.1f} MB (loaded on first detail view)")
+    print(
+        f"index.html {page.stat().st_size / 1e6:.2f} MB; {len(cases)} case files, "
+        f"median {np.median(sizes) / 1e3:.1f} kB, max {max(sizes) / 1e3:.1f} kB, total {sum(sizes) / 1e6:.1f} MB; "
+        f"plotly.min.js {(out / 'index_files' / 'plotly.min.js').stat().st_size / 1e6:.1f} MB "
+        "(loaded on first detail view)"
+    )
     print(f"page: {page.resolve()}")
 
 

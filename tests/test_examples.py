@@ -1,0 +1,80 @@
+"""examples/: a user's kernel repository. Copied outside this checkout, its own pytest finds the
+installed package's plugin through the entry point and runs its candidates (an autodiff
+kernel and an explicit forward/backward pair) with the gate; the fwd/bwd adapter really runs
+the user's backward."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from examples.my_kernels.explicit_vjp import fla_op_from_fwd_bwd
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CASE = "simple_gla-fwdbwd-B1-T96-H2-K64-V64-fp32-C64-g_logsig-h0-ht"  # in examples/parity_cases.json
+
+
+def test_the_plugin_is_installed_as_a_pytest11_entry_point():
+    """Fails (not skips) where the package was installed without the entry point: reinstall
+    with `pip install -e .` (scripts/env.sh does when pyproject.toml changes)."""
+    plugins = [ep.value for ep in metadata.entry_points(group="pytest11")]
+    assert "parity.pytest_plugin" in plugins, f"no pytest11 entry point for parity.pytest_plugin: {plugins}"
+
+
+def test_the_example_repository_runs_its_parity_tests_outside_the_checkout(tmp_path):
+    repo = tmp_path / "my-kernels"
+    shutil.copytree(EXAMPLES, repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PARITY_RUN_ID")}  # its own session
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "interpret",
+        "-k",
+        CASE,
+        "--parity-tpu-targets=none",
+    ]
+    p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert f"rootdir: {repo}" in out and "1 passed" in out
+    assert "gate: 2 case/candidate pairs" in out and "gate: PASS" in out
+    for backend in ("oracle", "fla", "chunked", "explicit"):
+        assert (repo / "reports" / "pytest" / backend / f"{CASE}.json").exists(), backend
+    assert not (repo / "reports" / "pytest" / "pallas").exists()  # --parity-backends=oracle,fla in pytest.ini
+
+
+def test_the_fwd_bwd_adapter_differentiates_through_the_users_backward():
+    B, T, H, K, V = 1, 4, 1, 2, 3
+    marks = [
+        np.full(s, i + 1.0, np.float32)
+        for i, s in enumerate([(B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H), (B, H, K, V)])
+    ]
+
+    def fwd(q, k, v, g, h0, scale):
+        return v * scale, h0 + 1.0, None
+
+    def bwd(scale, residuals, do, dht):  # recognisable gradients: input i gets i + 1
+        return tuple(jnp.asarray(m) for m in marks)
+
+    fn = fla_op_from_fwd_bwd(fwd, bwd)
+    q, k, v = jnp.ones((B, T, H, K)), jnp.ones((B, T, H, K)), jnp.ones((B, T, H, V))
+    g, h0 = jnp.zeros((B, T, H)), jnp.zeros((B, H, K, V))
+    (o, ht), vjp = jax.vjp(lambda *x: fn(*x[:3], g=x[3], initial_state=x[4], output_final_state=True), q, k, v, g, h0)
+    np.testing.assert_allclose(o, v * K**-0.5)  # scale None is K ** -0.5
+    for got, want in zip(vjp((jnp.ones_like(o), jnp.ones_like(ht))), marks):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    # a decay per head: the per-token gradient the backward returns (4 everywhere) summed over B, T
+    dg_gamma = jax.grad(lambda gg: fn(q, k, v, g_gamma=gg)[0].sum())(jnp.zeros(H))
+    np.testing.assert_array_equal(np.asarray(dg_gamma), np.full(H, 4.0 * B * T))
