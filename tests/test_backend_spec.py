@@ -72,11 +72,11 @@ def test_repro_runs_kda_at_the_chunk_size_the_harness_ran_on_every_backend(tmp_p
 
 
 def test_run_cases_does_not_change_its_config(tmp_path):
-    cfg = RunConfig(out_dir=str(tmp_path), backends=["scan=jax:parity.examples:recurrent_scan"], progress=False)
+    cfg = RunConfig(out_dir=str(tmp_path), backends=["scan=jax:tests.example_candidates:recurrent_scan"], progress=False)
     before = dataclasses.replace(cfg)
     summary = run_cases([SMALL], cfg)
     assert cfg == before and cfg.run_id == "" and isinstance(cfg.out_dir, str)
-    assert summary["backends"] == ["oracle", "scan=jax:parity.examples:recurrent_scan"]
+    assert summary["backends"] == ["oracle", "scan=jax:tests.example_candidates:recurrent_scan"]
     assert {r["backend"] for r in summary["results"]} == {"oracle", "scan"}
 
 
@@ -90,8 +90,8 @@ def test_the_mutant_catalogue_and_backend_import_no_runner():
 
 
 def test_a_spec_is_a_value_the_runner_accepts_as_given(tmp_path):
-    spec = BackendSpec("scan=jax:parity.examples:recurrent_scan", "scan", "candidate", "candidate-jax",
-                       "parity.examples:recurrent_scan", "test")
+    spec = BackendSpec("scan=jax:tests.example_candidates:recurrent_scan", "scan", "candidate", "candidate-jax",
+                       "tests.example_candidates:recurrent_scan", "test")
     summary = run_cases([SMALL], RunConfig(out_dir=tmp_path, backends=[spec], progress=False))
     assert [r["verdict"] for r in summary["results"] if r["backend"] == "scan"] == ["pass"]
     # the records have the typed shapes records.py declares (no field outside them)
