@@ -2,7 +2,7 @@
 
 Formula (one for the whole project):
 
-    tol = coef[op][tensor][dtype] * u(dtype) * growth(case)
+    tol = max(coef[op][tensor][dtype] * u(dtype) * growth(case), u(dtype the tensor is returned in))
     growth = sqrt(K / 64) * sqrt(chunk_size / 64) * (1 + 0.5 * log2(max(1, T / chunk_size)))
 
 u(dtype) is the unit roundoff of the case dtype (float32 2^-24, bfloat16 2^-8, float16
@@ -55,8 +55,12 @@ def coef(case, tensor: str, table: dict | None = None) -> float:
 
 
 def tol(case, tensor: str) -> float:
-    """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`."""
-    return coef(case, tensor) * UNIT_ROUNDOFF[case.dtype] * growth(case)
+    """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`:
+    the formula, and never below the unit roundoff of the dtype the tensor is returned in (the oracle
+    itself rounded to bfloat16 has rel_rms up to about u / 2; `parity fuzz` found the formula under
+    it for small K and chunk: simple_gla-fwd-B1-T16-H1-K8-V8-bf16-C16-g_logsig)."""
+    return max(coef(case, tensor) * UNIT_ROUNDOFF[case.dtype] * growth(case),
+               UNIT_ROUNDOFF[output_dtype(case, tensor)])
 
 
 def output_dtype(case, tensor: str) -> str:
