@@ -36,6 +36,9 @@ def pytest_addoption(parser):
     g.addoption("--report-dir", default="reports/pytest", help="where parity tests write their records")
     g.addoption("--candidate", action="append", default=[], help="NAME=FRAMEWORK:MODULE:FUNCTION (repeatable)")
     g.addoption("--bound-factor", type=float, default=1.0, help="eps_candidate <= F * eps_reference + floor")
+    g.addoption("--parity-fuzz", dest="parity_fuzz", type=float, default=None, metavar="SECONDS",
+                help="run tests/test_fuzz.py::test_fuzz_search: parity fuzz of each op for SECONDS against pallas "
+                     "(or the first --candidate)")
     g.addoption("--tpu-targets", default=None,
                 help="compile the jax candidates of interpret and tpu tests for these TPU targets (v4, v5e, v5p, "
                      "v6e, tpu7x) or 'none'; default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached")
