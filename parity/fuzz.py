@@ -284,8 +284,7 @@ def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.
             margins[name] = {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")),
                              "eps/bound": max(bounds) if bounds else None}
         bad = [f"{n} {t['verdict']}" for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported")]
-        return Judgement(entry["verdict"] if entry["verdict"] != "unsupported" or bad else "unsupported",
-                         ", ".join(bad), margins, gate["reference_findings"])
+        return Judgement(entry["verdict"], ", ".join(bad), margins, gate["reference_findings"])
     margins = {n: {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")), "eps/bound": None}
                for n, t in rec["tensors"].items() if t.get("verdict") != "unsupported"}
     bad = [f"{n} {t['verdict']}" for n, t in rec["tensors"].items() if t["verdict"] not in ("pass", "unsupported")]
@@ -307,6 +306,7 @@ class Search:
         self.counts = {"examples": 0, "unsupported": 0, "oracle-failed": 0, "cache_hits": 0}
         self.reference_findings: list[dict] = []
         self.platforms: set[str] = set()  # where the subject really ran, from its records
+        self.runner: CaseRunner | None = None
         self.t0 = self.t_found = None
 
     # the property
