@@ -33,7 +33,6 @@ where it has a kernel; built-in kernels and mutants are asked through their back
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import multiprocessing as mp
 import os
@@ -269,7 +268,8 @@ def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.
     if rec["status"] == "unsupported":
         return Judgement("unsupported", rec.get("error") or "")
     if rec["status"] != "ok":
-        return Judgement(rec["verdict"], (rec.get("error") or "").strip().splitlines()[0][:300] if rec.get("error") else "")
+        first_line = (rec.get("error") or "").strip().splitlines()[:1]
+        return Judgement(rec["verdict"], first_line[0][:300] if first_line else "")
     if rec["side"] == "candidate" and REFERENCE in records:
         try:
             gate = evaluate({case.id: records}, factor, reference=REFERENCE)
@@ -283,7 +283,8 @@ def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.
             bounds = [x for x in bounds if x is not None]
             margins[name] = {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")),
                              "eps/bound": max(bounds) if bounds else None}
-        bad = [f"{n} {t['verdict']}" for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported")]
+        bad = [f"{n} {t['verdict']}" for n, t in entry["tensors"].items()
+               if t["verdict"] not in ("pass", "unsupported")]
         return Judgement(entry["verdict"], ", ".join(bad), margins, gate["reference_findings"])
     margins = {n: {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")), "eps/bound": None}
                for n, t in rec["tensors"].items() if t.get("verdict") != "unsupported"}

@@ -171,7 +171,8 @@ def _boundary(**space):
 @pytest.mark.parametrize("what, predicate, smallest", [
     ("a one-token tail", lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == 1,
      dict(T=17, chunk_size=16, B=1, H=1)),
-    ("a tail one token short", lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == c.chunk_size - 1,
+    ("a tail one token short",
+     lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == c.chunk_size - 1,
      dict(T=31, chunk_size=16)),
     ("a length-1 sequence last", lambda c: c.seqlens is not None and c.seqlens[-1] == 1, dict(seqlens=(1, 1), T=2)),
     ("a length-1 sequence in the middle", lambda c: c.seqlens is not None and len(c.seqlens) >= 3 and c.seqlens[1] == 1
@@ -200,7 +201,9 @@ def test_boundary_cases_are_valid_bounded_and_in_their_space(c):
 
 
 def test_boundary_strategy_draws_only_where_applies_says():
-    from hypothesis import HealthCheck, given as given_, settings as settings_
+    from hypothesis import HealthCheck
+    from hypothesis import given as given_
+    from hypothesis import settings as settings_
 
     from cases.strategies import Space, boundary_case
     seen = []

@@ -14,7 +14,7 @@ import pytest
 
 from cases import SUITES, Case, get_suite
 from parity.fuzz import FuzzConfig, format_summary, judge, run_fuzz, space_for
-from parity.narrow_mutants import BY_NAME, NARROW_MUTANTS, candidate_spec, triggers
+from parity.narrow_mutants import NARROW_MUTANTS, candidate_spec, triggers
 from tests.helpers import SMALL, perturbed, record_from_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +71,8 @@ def test_narrow_mutant_wrap_changes_results_exactly_where_its_trigger_says(mutan
 def test_judge_is_the_gates_verdict_with_and_without_the_reference():
     oracle = record_from_tensors(SMALL, "oracle", "oracle", {})
     oracle.update(status="ok", side="oracle")
-    from parity.backends.oracle import cached_oracle
     from cases import make_inputs
+    from parity.backends.oracle import cached_oracle
     exact = cached_oracle(SMALL, make_inputs(SMALL))[0]
     good = record_from_tensors(SMALL, "cand", "candidate", exact)
     ref = record_from_tensors(SMALL, "fla", "reference", perturbed(SMALL, {n: exact[n] * (1 + 1e-6) for n in exact}, 1))
