@@ -132,6 +132,11 @@ def test_planted_one_token_tail_is_found_shrunk_and_replayed(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     rec = json.loads((tmp_path / "replay" / "tail-one-token" / f"{case.id}.json").read_text())
     assert rec["verdict"] == "fail-accuracy" and rec["tensors"]["o"]["verdict"] == "fail-accuracy"
+    # a rerun tries the failure in hypothesis's database (under OUT) first
+    again = _fuzz(tmp_path, spec, time_s=90.0, shrink_time_s=120.0, seed=5,
+                  space=dict(directions=("fwd",), dtypes=("float32",), gates=("g_logsig",)))
+    assert [f["case_id"] for f in again["found"]] == [case.id] and again["searches"][0]["examples"] == 1
+    assert json.loads((out / "found.json").read_text()) == [case.to_dict()]   # appended once
 
 
 def test_a_crash_or_a_timeout_is_a_finding_shrunk_to_the_smallest_case(tmp_path):
