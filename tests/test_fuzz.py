@@ -205,3 +205,14 @@ def test_fuzz_search(op, request):
     ok, report = fuzz_for_pytest(request.config, op)
     if not ok:
         pytest.fail(report, pytrace=False)
+
+
+def test_an_identically_zero_oracle_tensor_is_judged_on_absolute_error():
+    """What fuzz found: at T = 1 without an initial state the oracle's dg is exactly 0, and a correct
+    kernel's rounding noise (2.6e-8) was failed as an infinite relative error."""
+    from parity.compare import compare_tensor
+    case = Case.from_id("simple_gla-fwdbwd-B1-T1-H1-K8-V8-fp32-C16-g_logsig")
+    zero = np.zeros((1, 1, 1))
+    assert compare_tensor(case, "dg", zero + 2.6e-8, zero)["verdict"] == "pass"
+    assert compare_tensor(case, "dg", zero + 0.5, zero)["verdict"] == "fail-accuracy"
+    assert compare_tensor(case, "dg", zero, zero)["rel_rms"] == 0.0
