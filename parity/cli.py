@@ -292,7 +292,8 @@ def cmd_fuzz(a) -> int:
         raise UsageError(f"--out: {e}") from None
     cfg = FuzzConfig(out=out, ops=tuple(usable), backends=tuple(backends), candidate=a.candidate, time_s=a.time,
                      shrink_time_s=a.shrink_time, max_examples=a.max_examples, seed=a.seed, jobs=a.jobs,
-                     timeout_s=a.timeout, max_elements=a.max_elements, factor=a.bound_factor, progress=not a.no_progress)
+                     timeout_s=a.timeout, max_elements=a.max_elements, factor=a.bound_factor, progress=not a.no_progress,
+                     numerics=a.tpu_numerics)
     print(f"parity fuzz: {', '.join(usable)} x {a.jobs} search(es) of {a.time:g} s, searching "
           + (f"candidate {a.candidate}" if a.candidate else "fla (the reference) against the oracle")
           + f" with backends {','.join(specs)} -> {out}", file=sys.stderr)
@@ -484,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="input elements of a drawn case at most (default 2^18: seconds per example on a CPU)")
     sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0, help="eps_candidate <= F * eps_reference + floor")
     sp.add_argument("--out", type=check.output_dir, default="reports/fuzz", help="output directory (default reports/fuzz)")
+    sp.add_argument("--tpu-numerics", default="", choices=["", "tpu-mxu-v1", "float32"],
+                    help="how jax candidates' dots compute off a TPU, as for parity run (default tpu-mxu-v1)")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_fuzz)
 

@@ -81,6 +81,7 @@ class FuzzConfig:
     max_elements: int = DEFAULT_MAX_ELEMENTS
     factor: float = 1.0
     progress: bool = True
+    numerics: str = ""                        # TPU numerics model of jax candidates ("" = default), as parity run
     space: dict = dataclasses.field(default_factory=dict)   # Space fields to fix (tests: directions=("fwd",))
 
     @property
@@ -529,6 +530,9 @@ def run_fuzz(cfg: FuzzConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     read_found(out / FOUND_FILE)   # refuse a malformed found.json before searching
+    if cfg.numerics:  # workers inherit it (parity.tpu_numerics reads it on first use), as in run_cases
+        from .tpu_numerics import ENV, check_model
+        os.environ[ENV] = check_model(cfg.numerics)
     t0 = time.perf_counter()
     searches = []
     for op in cfg.ops:
