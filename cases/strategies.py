@@ -1,10 +1,32 @@
 """hypothesis strategies that build valid cases (invalid combinations are never drawn)
-and shrink towards small ones: `case(op=...)`."""
+and shrink towards small ones.
+
+`case(op=...)`        a uniform draw over the registry's space (the id round-trip test).
+`boundary_case(space)` draws aimed where chunked kernels break (`parity fuzz`): lengths at
+                      the chunk grid, one-token tails, length-1 packed sequences, head dims
+                      at tile edges, H > 2, K != V both ways, gates into the overflow regime;
+                      bounded by `space.max_elements` so one example costs seconds on a CPU.
+Every bias names the bug class it is for. Shrinking goes towards the first value of each
+axis (B = 1, H = 1, the smallest chunk and head dim, forward only, float32, no state).
+"""
 from __future__ import annotations
 
+import dataclasses
+
+from hypothesis import reject
 from hypothesis import strategies as st
 
-from .case import GATES, OPS, Case
+from .case import CHUNK_SIZES, GATES, OPS, Case
+from .inputs import input_size
+
+# head dims, ascending (shrinking goes to the first): the sublane (8) and small heads; FLA's
+# off-grid test dims 60 and 100; the 128-lane tile and one off it both ways (127, 129, 136: a
+# BlockSpec or mask at a tile edge); two tiles (256, seed 002: tiles overwritten when K or
+# V > 128); V = 512 of real models (GLA-1.3B, RetNet)
+HEAD_DIMS = (8, 16, 32, 60, 64, 100, 120, 127, 128, 129, 136, 192, 256, 512)
+DTYPES = ("float32", "bfloat16")
+DIRECTIONS = ("fwd", "fwdbwd")
+OVERFLOW_EXP = 88.7   # exp(x) overflows float32 above this (seed 000: |gamma| * C > 88.7)
 
 
 @st.composite
@@ -38,3 +60,142 @@ def case(draw, op: str | None = None, max_T: int = 256, dtypes=("float32", "bflo
                 scale=draw(st.one_of(st.none(), st.sampled_from([0.05, 0.125, 1.0]))),
                 h0=draw(st.booleans()), ht=draw(st.booleans()), seqlens=lens, seed=draw(st.integers(0, 3)),
                 direction=draw(st.sampled_from(directions)))
+
+
+# ------------------------------------------------------------------ the search space of parity fuzz
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """The values `boundary_case` draws from for one op (each valid for it; `parity fuzz`
+    narrows them to where the candidate has a kernel), and the size bound."""
+    op: str
+    dtypes: tuple[str, ...] = DTYPES
+    k_dims: tuple[int, ...] = HEAD_DIMS
+    v_dims: tuple[int, ...] = HEAD_DIMS
+    gates: tuple[str, ...] = ()          # () = every gate of the op
+    chunk_sizes: tuple[int, ...] = CHUNK_SIZES
+    directions: tuple[str, ...] = DIRECTIONS
+    max_H: int = 4
+    max_T: int = 512
+    max_elements: int = 2 ** 18          # input elements (cases.input_size), all inputs together
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"Space.op={self.op!r}: expected one of {list(OPS)}")
+        if not self.gates:
+            object.__setattr__(self, "gates", tuple(g for g, (ops, _) in GATES.items() if self.op in ops))
+        for field in ("dtypes", "k_dims", "v_dims", "gates", "chunk_sizes", "directions"):
+            if not getattr(self, field):
+                raise ValueError(f"Space.{field} is empty: nothing to draw for {self.op}")
+        if self.max_H < 1 or self.max_T < 1 or self.max_elements < 1:
+            raise ValueError("Space.max_H, max_T and max_elements must be >= 1")
+
+    def fits(self, case: Case) -> bool:
+        """Whether the case's inputs are within max_elements."""
+        return input_size(case)[0] <= self.max_elements
+
+
+@st.composite
+def near_chunk_grid(draw, C: int, max_T: int):
+    """A length at the chunk grid: k*C, k*C + 1 or k*C - 1 (k >= 1), at most max_T.
+    Bug class: an off-by-one in the last chunk's mask, padding or state update; k*C + 1 leaves
+    a one-token tail chunk, k*C - 1 a tail one token short of full."""
+    k = draw(st.integers(1, max(1, max_T // C)))
+    return max(1, min(max_T, k * C + draw(st.sampled_from((0, 1, -1)))))
+
+
+def length(C: int, max_T: int):
+    """A sequence length: at the chunk grid (near_chunk_grid) or anywhere in 1..max_T (a
+    single chunk shorter than C included)."""
+    return st.one_of(near_chunk_grid(C, max_T), st.integers(1, max_T))
+
+
+@st.composite
+def packed_lengths(draw, C: int, max_T: int):
+    """2 to 4 packed sequences, total at most max_T. Each length is at or one off the chunk grid
+    or anywhere, so boundaries fall on and off chunk boundaries; a length-1 sequence is put at
+    the first, a middle or the last position. Bug class: the state not reset at a sequence
+    start, leaking across sequences (seed 004), a length-1 sequence sharing a chunk with both
+    neighbours, the initial state or its gradient of a sequence after the first."""
+    n = draw(st.integers(2, 4))
+    per = max(1, max_T // n)
+    lens = [draw(st.one_of(st.just(1), length(C, per))) for _ in range(n)]
+    where = draw(st.sampled_from(("none", "first", "middle", "last")))
+    if where != "none":
+        lens[{"first": 0, "middle": n // 2, "last": n - 1}[where]] = 1
+    return tuple(lens)
+
+
+@st.composite
+def gate_params(draw, gate: str, C: int):
+    """Parameters of `gate`, the default first (shrinking drops them). Strengths reach the
+    overflow regime of seed 000 (|gamma| * C > 88.7: exp(g_i - g_j) overflows float32 in the
+    masked triangle, 0 * inf = NaN; seed 001: the backward's dh through exp(-G)): stress
+    magnitudes up to 4 per token (g_stress) or per head (gamma_stress, |gamma| * 128 up to
+    768); logsigmoid gates down to norm 1 (the steepest); ALiBi slopes spread over layers."""
+    if gate == "gamma_alibi":
+        if not draw(st.booleans()):
+            return {}
+        layers = draw(st.integers(2, 24))
+        return {"layers": layers, "layer": draw(st.integers(0, layers - 1))}
+    if gate == "g_logsig":
+        return draw(st.one_of(st.just({}), st.builds(lambda n: {"norm": n}, st.integers(1, 32))))
+    if gate.endswith("stress"):
+        # magnitudes past the overflow line for this chunk size are as likely as those below it
+        steep = max(1, int(OVERFLOW_EXP // C) + 1)
+        return draw(st.one_of(st.just({}), st.builds(lambda m: {"mag": m}, st.integers(1, max(4, steep)))))
+    return {}
+
+
+def _largest_T(kw: dict, space: Space, cap: int) -> int:
+    """The largest T <= cap whose case (kw with T) fits space.max_elements; 0 when none does.
+    Input size is linear in T."""
+    size = lambda T: input_size(Case(**{**kw, "T": T, "seqlens": None}))[0]
+    per_token = size(2) - size(1)
+    fixed = size(1) - per_token
+    return max(0, min(cap, (space.max_elements - fixed) // max(1, per_token)))
+
+
+@st.composite
+def boundary_case(draw, space: Space, applies=None):
+    """A valid Case of space.op aimed at chunked-kernel bugs (module docstring), within
+    space.max_elements. `applies(case) -> bool`: draw only cases it accepts (where the
+    candidate has a kernel; pairings the axes alone do not rule out are filtered).
+    Biases and the bug class each is for:
+      T              near_chunk_grid / length: one-token tails and off-by-one at chunk ends
+      seqlens        packed_lengths: state reset and leaks, length-1 sequences anywhere
+      K, V           HEAD_DIMS at tile edges; V = K first, else any (K != V both ways: a scale,
+                     BlockSpec or state layout taken from the wrong dim, seed 002)
+      H              1 to max_H (H > 2: head index maps that wrap or assume two heads)
+      gate strength  gate_params (exp overflow of seeds 000 and 001)."""
+    op = space.op
+    C = draw(st.sampled_from(space.chunk_sizes))
+    dtype = draw(st.sampled_from(space.dtypes))
+    direction = draw(st.sampled_from(space.directions))
+    gate = draw(st.sampled_from(space.gates))
+    params = draw(gate_params(gate, C))
+    K = draw(st.sampled_from(space.k_dims))
+    V = draw(st.one_of(st.just(K), st.sampled_from(space.v_dims))) if K in space.v_dims else \
+        draw(st.sampled_from(space.v_dims))
+    h0, ht = draw(st.booleans()), draw(st.booleans())
+    kw = dict(op=op, B=1, T=1, H=1, K=K, V=V, dtype=dtype, chunk_size=C, gate=gate, gate_params=params,
+              h0=h0, ht=ht, direction=direction)
+    # heads and batch only as far as one token still fits
+    max_H = max(1, min(space.max_H, next((H for H in range(space.max_H, 0, -1)
+                                          if _largest_T({**kw, "H": H}, space, space.max_T) >= 1), 1)))
+    kw["H"] = draw(st.integers(1, max_H))
+    varlen = draw(st.sampled_from((False, True)))
+    if not varlen and _largest_T({**kw, "B": 2}, space, space.max_T) >= 1:
+        kw["B"] = draw(st.integers(1, 2))
+    max_T = max(1, _largest_T(kw, space, space.max_T))
+    if varlen and max_T >= 2:
+        kw["seqlens"] = draw(packed_lengths(C, max_T))
+        kw["T"] = sum(kw["seqlens"])
+    else:
+        kw["T"] = draw(length(C, max_T))
+    kw["scale"] = draw(st.one_of(st.none(), st.sampled_from((0.05, 0.125, 1.0))))
+    kw["seed"] = draw(st.integers(0, 3))
+    c = Case(**kw)
+    # rare: packed sequences multiply the state inputs (h0, dht) past the bound
+    if not space.fits(c) or (applies is not None and not applies(c)):
+        reject()
+    return c

@@ -2,7 +2,7 @@
 
 Formula (one for the whole project):
 
-    tol = coef[op][tensor][dtype] * u(dtype) * growth(case)
+    tol = max(coef[op][tensor][dtype] * u(dtype) * growth(case), roundoff(dtype the tensor is returned in))
     growth = sqrt(K / 64) * sqrt(chunk_size / 64) * (1 + 0.5 * log2(max(1, T / chunk_size)))
 
 u(dtype) is the unit roundoff of the precision the reference really computes in, stated in
@@ -45,6 +45,8 @@ def _load() -> dict:
 _TABLE = _load()
 TOL_VERSION: str = _TABLE["version"]
 UNIT: dict[str, float] = _TABLE["unit"]   # dtype -> unit roundoff of the reference's arithmetic
+# dtype -> unit roundoff of the dtype itself: the floor of any tolerance on a tensor returned in it
+ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 
 
 def growth(case) -> float:
@@ -62,8 +64,11 @@ def coef(case, tensor: str, table: dict | None = None) -> float:
 
 
 def tol(case, tensor: str) -> float:
-    """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`."""
-    return coef(case, tensor) * UNIT[case.dtype] * growth(case)
+    """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`:
+    the formula, and never below the unit roundoff of the dtype the tensor is returned in (the oracle
+    itself rounded to bfloat16 has rel_rms up to about u / 2; `parity fuzz` found the formula under
+    it for small K and chunk: simple_gla-fwd-B1-T16-H1-K8-V8-bf16-C16-g_logsig)."""
+    return max(coef(case, tensor) * UNIT[case.dtype] * growth(case), ROUNDOFF[output_dtype(case, tensor)])
 
 
 def output_dtype(case, tensor: str) -> str:

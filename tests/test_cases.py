@@ -160,3 +160,57 @@ def test_any_head_dim_is_a_case_and_retnet_decay_is_fla_s():
     g = make_inputs(c)["g_gamma"]
     # FLA's retention: g_gamma = log(1 - 2^(-5 - h)), in float32
     assert np.array_equal(g, np.log(1 - 2.0 ** (-5.0 - np.arange(3, dtype=np.float32))).astype(np.float32))
+
+
+# ------------------------------------------------------------------ the strategies of parity fuzz
+def _boundary(**space):
+    from cases.strategies import Space, boundary_case
+    return boundary_case(Space(**{"op": "simple_gla", **space}))
+
+
+@pytest.mark.parametrize("what, predicate, smallest", [
+    ("a one-token tail", lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == 1,
+     dict(T=17, chunk_size=16, B=1, H=1)),
+    ("a tail one token short",
+     lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == c.chunk_size - 1,
+     dict(T=31, chunk_size=16)),
+    ("a length-1 sequence last", lambda c: c.seqlens is not None and c.seqlens[-1] == 1, dict(seqlens=(1, 1), T=2)),
+    ("a length-1 sequence in the middle", lambda c: c.seqlens is not None and len(c.seqlens) >= 3 and c.seqlens[1] == 1
+     and c.seqlens[0] > 1 and c.seqlens[2] > 1, dict(H=1)),
+    ("more than two heads", lambda c: c.H > 2, dict(H=3, B=1)),
+    ("K > V", lambda c: c.K > c.V, dict(K=16, V=8)),
+    ("K < V", lambda c: c.K < c.V, dict(K=8, V=16)),
+    ("a gate past the fp32 exp range", lambda c: c.gate == "gamma_stress" and c.gate_kwargs["mag"] * c.chunk_size > 88.7,
+     dict(gate="gamma_stress")),
+])
+def test_boundary_strategy_reaches_each_bias_and_shrinks_it(what, predicate, smallest):
+    """hypothesis finds each bias (the search space reaches it) and shrinks to the smallest case with it."""
+    from hypothesis import HealthCheck, find, settings
+    c = find(_boundary(), predicate, settings=settings(max_examples=2000, database=None, derandomize=True,
+                                                        suppress_health_check=list(HealthCheck)))
+    assert all(getattr(c, k) == v for k, v in smallest.items()), (what, c.id)
+
+
+@given(_boundary(max_elements=2 ** 14, dtypes=("bfloat16",), k_dims=(16, 64), v_dims=(128,)))
+@settings(max_examples=150, deadline=None)
+def test_boundary_cases_are_valid_bounded_and_in_their_space(c):
+    from cases.inputs import input_size
+    assert Case.from_id(c.id) == c
+    assert input_size(c)[0] <= 2 ** 14
+    assert c.dtype == "bfloat16" and c.K in (16, 64) and c.V == 128
+
+
+def test_boundary_strategy_draws_only_where_applies_says():
+    from hypothesis import HealthCheck
+    from hypothesis import given as given_
+    from hypothesis import settings as settings_
+
+    from cases.strategies import Space, boundary_case
+    seen = []
+
+    @given_(boundary_case(Space(op="gla"), applies=lambda c: c.K == c.V and c.h0))
+    @settings_(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def draw(c):
+        seen.append(c)
+    draw()
+    assert seen and all(c.K == c.V and c.h0 for c in seen)

@@ -135,11 +135,12 @@ def test_tolerance_grows_with_dtype_T_chunk_and_K():
 def test_tolerances_in_reference_units_equal_the_old_formula():
     """The table re-expressed in the reference's units (float32 as TF32, u = 2^-11) with explicit
     float16 entries gives, bit for bit, the tolerances of table v4 read the old way (float32
-    u = 2^-24; float16 took bfloat16's coefficients with u = 2^-11): no verdict changes."""
+    u = 2^-24; float16 took bfloat16's coefficients with u = 2^-11), up to the floor at the
+    roundoff of the tensor's own dtype (tolerance version 5, found by parity fuzz)."""
     from pathlib import Path
 
     from cases import OPS
-    from parity.tol import UNIT, coef
+    from parity.tol import ROUNDOFF, UNIT, coef, output_dtype
     old = json.loads((Path(__file__).parent / "data" / "tolerances_v4_before_units.json").read_text())["coef"]
     old_u = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
     assert UNIT == {"float32": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
@@ -151,7 +152,7 @@ def test_tolerances_in_reference_units_equal_the_old_formula():
                 c = Case(op, 1, T, 2, K, 64, dtype=dtype, chunk_size=C, gate=gate)
                 for tensor in old[op]:
                     before = old[op][tensor]["bfloat16" if dtype == "float16" else dtype] * old_u[dtype] * growth(c)
-                    assert tol(c, tensor) == before, (c.id, tensor)
+                    assert tol(c, tensor) == max(before, ROUNDOFF[output_dtype(c, tensor)]), (c.id, tensor)
                     assert coef(c, tensor) > 0
                     checked += 1
     assert checked == 3 * 3 * 4 * 9
