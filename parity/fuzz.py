@@ -27,7 +27,7 @@ Outputs under OUT:
     fuzz.json             the summary: searches, examples, failures, time to find, worst margins
     fuzz.html             the page of found cases and worst margins (parity.html.fuzz)
     .hypothesis/          hypothesis's example database, so a rerun tries earlier failures first
-A candidate function may carry `applies(case) -> bool` (parity.narrow_mutants' do) to say
+A candidate function may carry `applies(case) -> bool` (parity.mutants.narrow' do) to say
 where it has a kernel; built-in kernels and mutants are asked through their backend.
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ def applies_predicate(spec: str):
     function through its `applies` attribute, if it has one."""
     from .backends import Unsupported, make_backend
     from .backends.jax_backends import PallasBackend
-    from .mutants import MutantBackend
+    from .backends.mutant import MutantBackend
     if spec in ("oracle", REFERENCE):
         return None
     backend = make_backend(spec)
@@ -150,9 +150,11 @@ class CaseRunner:
     as in run_cases (parity.runner._failure_line). Records land in cfg.out_dir."""
 
     def __init__(self, out_dir: Path, specs: list[str], timeout_s: float, run_id: str):
+        from .backends import parse_specs
         from .runner import RunConfig
         self.cfg = RunConfig(out_dir=Path(out_dir), backends=list(specs), timeout_s=timeout_s, run_id=run_id,
                              progress=False)
+        self.specs = parse_specs(list(specs))
         self.ctx = mp.get_context("spawn")
         self.worker = None
 
@@ -160,10 +162,11 @@ class CaseRunner:
         """The summary lines (parity.runner._summary_line) of every backend, oracle first."""
         from .runner import _failure_line, _Worker
         lines: list[dict] = []
-        todo = list(self.cfg.backends)
+        todo = list(self.specs)
+        out_dir, run_id, timeout_s = Path(self.cfg.out_dir), self.cfg.run_id, self.cfg.timeout_s
         while todo:
             if self.worker is None:
-                self.worker = _Worker(self.ctx, self.cfg)
+                self.worker = _Worker(self.ctx, out_dir, run_id, ())
             w = self.worker
             w.give(case, todo)
             while True:
@@ -197,11 +200,11 @@ class CaseRunner:
                 else:
                     status, err = "error", f"worker process died (exit code {w.proc.exitcode})"
                 spec = w.current or w.todo[0]
-                lines.append(_failure_line(case, spec, status, err, self.cfg, w.input_hash))
+                lines.append(_failure_line(case, spec, status, err, out_dir, run_id, timeout_s, w.input_hash))
                 todo = [s for s in w.todo if s != spec]
-                if spec == "oracle":
+                if spec.side == "oracle":
                     lines += [_failure_line(case, s, "error", "the oracle failed for this case, nothing to compare "
-                                            "against", self.cfg, w.input_hash) for s in todo]
+                                            "against", out_dir, run_id, timeout_s, w.input_hash) for s in todo]
                     todo = []
                 break
         return lines
@@ -606,11 +609,12 @@ def format_summary(summary: dict) -> str:
 def fuzz_for_pytest(config, op: str) -> tuple[bool, str]:
     """The search `pytest --parity-fuzz SECONDS` runs for one op against the built-in kernel
     (pallas) or the first --candidate: (passed, report)."""
+    from .pytest_plugin import _bound_factor, _report_dir
     opt = config.getoption
-    candidate = (opt("candidate") or ["pallas"])[0]
-    out = Path(opt("report_dir")) / "fuzz" / f"{op}-{os.getpid()}"
+    candidate = (opt("parity_candidate") or ["pallas"])[0]
+    out = _report_dir(config) / "fuzz" / f"{op}-{os.getpid()}"
     cfg = FuzzConfig(out=out, ops=(op,), candidate=candidate, time_s=float(opt("parity_fuzz")),
-                     factor=opt("bound_factor"), progress=False)
+                     factor=_bound_factor(config), progress=False)
     summary = run_fuzz(cfg)
     return not summary["found"], format_summary(summary)
 

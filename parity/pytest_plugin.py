@@ -101,6 +101,14 @@ def pytest_addoption(parser):
         help="eps_candidate <= F * eps_reference + floor (default 1)",
     )
     g.addoption(
+        "--parity-fuzz",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="run tests/test_fuzz.py::test_fuzz_search: parity fuzz of each op for SECONDS against pallas "
+        "(or the first --parity-candidate)",
+    )
+    g.addoption(
         "--parity-tpu-targets",
         default=None,
         metavar="LIST",

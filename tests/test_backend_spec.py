@@ -86,7 +86,7 @@ def test_the_mutant_catalogue_and_backend_import_no_runner():
     code = ("import sys; import parity.mutants; a = sorted(m for m in sys.modules if m.startswith('parity.'));"
             "import parity.backends.mutant; b = 'parity.runner' in sys.modules; print(a, b)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['parity.mutants', 'parity.mutants.catalogue'] False", out
+    assert out.strip() == "['parity.mutants', 'parity.mutants.catalogue', 'parity.mutants.narrow'] False", out
 
 
 def test_a_spec_is_a_value_the_runner_accepts_as_given(tmp_path):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from cases import SUITES, Case, get_suite
+from cases.strategies import Space
 from parity.fuzz import FuzzConfig, format_summary, judge, run_fuzz, space_for
-from parity.narrow_mutants import NARROW_MUTANTS, candidate_spec, triggers
+from parity.mutants.narrow import NARROW_MUTANTS, candidate_spec, triggers
 from tests.helpers import SMALL, perturbed, record_from_tensors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +99,12 @@ def test_space_follows_where_the_kernel_applies():
     from parity.fuzz import applies_predicate
     fused = space_for("simple_gla", applies_predicate("pallas-fused"), 2 ** 18)
     assert set(fused.gates) == {g for g in fused.gates if g.startswith("gamma_")} and fused.gates
-    gla = space_for("gla", applies_predicate("pallas"), 2 ** 18)
-    assert set(gla.k_dims) == {16, 32, 64, 128, 256} and 512 not in gla.v_dims
+    gla = space_for("gla", applies_predicate("pallas"), 2 ** 18)   # every K <= 256, V <= 512 (padded to tiles)
+    base = Space(op="gla", max_elements=2 ** 18)
+    assert set(gla.k_dims) == {d for d in base.k_dims if d <= 256} and set(gla.v_dims) == set(base.v_dims)
+    assert max(base.k_dims) > 256   # the space itself goes past what the kernels take
+    f16 = space_for("gla", lambda c: c.dtype != "float16" and c.K <= 128, 2 ** 18)
+    assert max(f16.k_dims) <= 128 and "float16" not in f16.dtypes
     with pytest.raises(ValueError, match="no kernel for op 'gla'"):
         space_for("gla", applies_predicate("pallas-fused"), 2 ** 18)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import statistics
@@ -430,8 +431,10 @@ def write_report(dirs: list[Path], out: Path) -> Path:
         (cases_dir / f"{d['n']}.js").write_text(f"parityCaseLoaded({d['n']},{_safe_json(d)});\n")
     page_data = {k: report[k] for k in ("backends", "sides", "verdict_order", "compile_targets", "rows")}
     page_data["assets"] = assets.name
+    # a `parity fuzz` page beside the results (OUT/fuzz.html): linked from the header
+    fuzz_pages = [os.path.relpath(Path(d) / "fuzz.html", out.parent) for d in dirs if (Path(d) / "fuzz.html").exists()]
     html = _env().get_template("index.html.j2").render(
-        s=report["summary"], backends=report["backends"], assets=assets.name,
+        s=report["summary"], backends=report["backends"], assets=assets.name, fuzz_pages=fuzz_pages,
         data_json=Markup(_safe_json(page_data)))
     tmp = out.with_name(f".tmp-{out.name}")
     tmp.write_text(html)

@@ -1,6 +1,7 @@
 """Mutants: kernels_jax kernels with known bugs, to prove the harness catches wrong kernels.
 
     catalogue.py   the Mutant dataclass and CATALOGUE (imports nothing of the harness)
+    narrow.py      the narrow mutants (wrong only outside every named suite: `parity fuzz` finds them)
     run.py         `parity mutants`: run them through the gate and score what caught each
 The backend that runs `mutant:NAME` is parity.backends.mutant, registered like any backend.
 """

@@ -27,6 +27,7 @@ class Mutant:
     wrap: Callable | None = None  # or: fn -> patched fn around the unmodified kernel
     witness: str = ""            # a small case that must catch it (tests/test_mutants.py)
     tpu_only: bool = False       # invisible in interpret mode: caught by the TPU compile check only
+    narrow: bool = False         # wrong only outside every named suite: for `parity fuzz` to find
 
 
 def _initial_state_ignored(fn):
@@ -43,7 +44,7 @@ def _zero_dg_gamma(fn):
     return call
 
 
-CATALOGUE: tuple[Mutant, ...] = (
+SUITE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("unmasked-exp-c128", "simple_gla", "pallas", seed="000", switch="unmasked_decay_exp",
            what="intra-chunk decay exp(g_i - g_j) taken over the whole chunk before the causal mask "
                 "(the upper triangle overflows at chunk 128 with ALiBi g_gamma: inf * 0 = NaN)",
@@ -92,7 +93,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("chunk-axis-parallel", "simple_gla", "pallas", switch="sequential_axis_parallel",
            what="every grid axis marked 'parallel', the sequential chunk axis of the state-carrying kernels "
                 "included (Triton's independent programs; on a two-TensorCore TPU the state is split)",
-           witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-g_logsig-ht"),
+           witness="simple_gla-fwd-B1-T320-H2-K64-V64-fp32-C64-g_logsig-ht"),
     Mutant("f32-dots-default-precision", "simple_gla", "pallas", switch="f32_dot_default_precision",
            what="float32 dots at DEFAULT precision: one bf16 MXU pass on a TPU (~2e-3), float32 in plain "
                 "interpret mode; the TPU numerics model and the bound against FLA's TF32 must catch it",
@@ -105,6 +106,9 @@ CATALOGUE: tuple[Mutant, ...] = (
            what="kda: beta applied to the keys but not to the values in the WY solve",
            witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"),
 )
+from .narrow import NARROW_MUTANTS  # noqa: E402 (it imports Mutant from this module)
+
+CATALOGUE: tuple[Mutant, ...] = SUITE_MUTANTS + NARROW_MUTANTS
 BY_NAME = {m.name: m for m in CATALOGUE}
 
 

@@ -13,8 +13,8 @@ parity.mutants) and fails exactly where its trigger says, a predicate of the cas
     k-tiles-from-v      the number of 128-wide K tiles taken from V: the columns of q and k
                         past 128 * ceil(V / 128) are dropped (only when K > V, and K > 128)
 tests/test_fuzz.py checks that no case of any named suite triggers one and that `parity fuzz`
-finds and shrinks each. Until they join the catalogue of parity.mutants, each also runs as a
-candidate: `--candidate NAME=jax:parity.narrow_mutants:FUNCTION` (CANDIDATES: NAME -> FUNCTION).
+finds and shrinks each. They are in the catalogue (`--candidate mutant:NAME`, marked `narrow`:
+`parity mutants` runs them only when named with --only, since no suite is meant to catch them).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import math
 
 from cases import Case
 
-from .mutants import Mutant
+from .catalogue import Mutant   # (catalogue imports this module after defining Mutant)
 
 LANES = 128   # the width of a TPU vector tile
 
@@ -58,7 +58,7 @@ TRIGGERS = {
 
 def triggers(name: str, case: Case) -> bool:
     """Whether the narrow mutant `name` is wrong on `case` (its op, and its trigger)."""
-    return case.op == BY_NAME[name].op and TRIGGERS[name](case)
+    return case.op == next(m for m in NARROW_MUTANTS if m.name == name).op and TRIGGERS[name](case)
 
 
 # ------------------------------------------------------------------ the patched calls
@@ -113,62 +113,22 @@ NARROW_MUTANTS: tuple[Mutant, ...] = (
     Mutant("tail-one-token", "simple_gla", "pallas", wrap=_tail_one_token,
            what="the output of a last chunk holding exactly one token is never stored (T > C, T % C == 1, "
                 "unpacked): every suite's T is off that line",
-           witness="simple_gla-fwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig"),
+           witness="simple_gla-fwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig", narrow=True),
     Mutant("dh0-last-single", "simple_gla", "pallas", wrap=_dh0_last_single,
            what="the initial-state gradient of the last packed sequence is dropped when that sequence is a "
                 "single token (no suite packs a length-1 sequence last)",
-           witness="simple_gla-fwdbwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig-h0-lens64_1"),
+           witness="simple_gla-fwdbwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig-h0-lens64_1", narrow=True),
     Mutant("heads-wrap", "simple_gla", "pallas", wrap=_heads_wrap,
            what="heads of dim <= 32 packed per tile with a head index map that wraps after two heads "
                 "(no suite has H > 2 with K <= 32)",
-           witness="simple_gla-fwd-B1-T64-H3-K32-V32-fp32-C64-g_logsig"),
+           witness="simple_gla-fwd-B1-T64-H3-K32-V32-fp32-C64-g_logsig", narrow=True),
     Mutant("k-tiles-from-v", "simple_gla", "pallas", wrap=_k_tiles_from_v,
            what="the K tile count taken from V: q, k columns past 128 * ceil(V / 128) dropped "
                 "(only when K > V and K > 128; the suites' one K > V pair is 128 > 64)",
-           witness="simple_gla-fwd-B1-T64-H1-K256-V64-fp32-C64-g_logsig"),
+           witness="simple_gla-fwd-B1-T64-H1-K256-V64-fp32-C64-g_logsig", narrow=True),
 )
-BY_NAME = {m.name: m for m in NARROW_MUTANTS}
-
-
-# ------------------------------------------------------------------ as --candidate functions
-def _candidate(mutant: Mutant):
-    """The mutant as a jax candidate function in FLA's convention; `applies(case)` says where
-    the kernel it wraps has a kernel (parity fuzz draws only there)."""
-    from .backends.base import Unsupported
-    from .backends.jax_backends import PALLAS_KERNELS, PallasBackend
-
-    def run(q, k, v, *args, **kw):
-        import importlib
-
-        from kernels_jax.common.validation import NoKernel
-        module, function = PALLAS_KERNELS[mutant.impl][mutant.op]
-        mod = importlib.import_module(module)
-        try:  # as the built-in backend does: no kernel is `unsupported`, not an error
-            mod.check_supported(q.shape[3], v.shape[3], q.dtype)
-        except NoKernel as e:
-            raise Unsupported(str(e)) from None
-        return mutant.wrap(getattr(mod, function))(q, k, v, *args, **kw)
-
-    def applies(case: Case) -> bool:
-        try:
-            PallasBackend(mutant.impl).kernel(case)
-        except Unsupported:
-            return False
-        return case.op == mutant.op
-
-    run.__name__ = mutant.name.replace("-", "_")
-    run.__doc__ = f"Narrow mutant {mutant.name}: {mutant.what}"
-    run.applies = applies
-    return run
-
-
-tail_one_token = _candidate(BY_NAME["tail-one-token"])
-dh0_last_single = _candidate(BY_NAME["dh0-last-single"])
-heads_wrap = _candidate(BY_NAME["heads-wrap"])
-k_tiles_from_v = _candidate(BY_NAME["k-tiles-from-v"])
-CANDIDATES = {m.name: m.name.replace("-", "_") for m in NARROW_MUTANTS}   # NAME -> function here
 
 
 def candidate_spec(name: str) -> str:
-    """`--candidate` spec of narrow mutant `name`."""
-    return f"{name}=jax:parity.narrow_mutants:{CANDIDATES[name]}"
+    """The backend spec that runs narrow mutant `name` (as any mutant: parity.backends.mutant)."""
+    return f"mutant:{name}"
