@@ -147,12 +147,12 @@ def test_planted_one_token_tail_is_found_shrunk_and_replayed(tmp_path):
 def test_a_crash_or_a_timeout_is_a_finding_shrunk_to_the_smallest_case(tmp_path):
     """A candidate that raises fails every case: the search goes on to shrink it to the smallest case of
     the space; one that hangs is killed after --timeout and its timeout is the finding."""
-    s = _fuzz(tmp_path / "raises", "crash=jax:parity.examples:raises", time_s=30.0, shrink_time_s=40.0,
+    s = _fuzz(tmp_path / "raises", "crash=jax:tests.example_candidates:raises", time_s=30.0, shrink_time_s=40.0,
               space=dict(dtypes=("float32",), gates=("g_logsig",), directions=("fwd",)))
     (found,) = s["found"]
     assert found["verdict"] == "error" and "deliberate failure" in found["detail"]
     assert found["case_id"] == "simple_gla-fwd-B1-T1-H1-K8-V8-fp32-C16-g_logsig", found["case_id"]
-    s = _fuzz(tmp_path / "hangs", "hang=jax:parity.examples:never_returns", time_s=5.0, shrink_time_s=1.0,
+    s = _fuzz(tmp_path / "hangs", "hang=jax:tests.example_candidates:never_returns", time_s=5.0, shrink_time_s=1.0,
               timeout_s=4.0, space=dict(dtypes=("float32",), gates=("g_logsig",), directions=("fwd",)))
     (found,) = s["found"]
     assert found["verdict"] == "timeout" and "no result after 4 s" in found["detail"]

@@ -13,8 +13,9 @@ parity.mutants) and fails exactly where its trigger says, a predicate of the cas
     k-tiles-from-v      the number of 128-wide K tiles taken from V: the columns of q and k
                         past 128 * ceil(V / 128) are dropped (only when K > V, and K > 128)
 tests/test_fuzz.py checks that no case of any named suite triggers one and that `parity fuzz`
-finds and shrinks each. They are in the catalogue (`--candidate mutant:NAME`, marked `narrow`:
-`parity mutants` runs them only when named with --only, since no suite is meant to catch them).
+finds and shrinks each. They are in the catalogue (`mutant:NAME`, marked `narrow`: `parity mutants`
+runs them only when named with --only, since no suite is meant to catch them) and run as
+candidate functions too: `--candidate NAME=jax:parity.mutants.narrow:FUNCTION` (CANDIDATES).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ TRIGGERS = {
 
 def triggers(name: str, case: Case) -> bool:
     """Whether the narrow mutant `name` is wrong on `case` (its op, and its trigger)."""
-    return case.op == next(m for m in NARROW_MUTANTS if m.name == name).op and TRIGGERS[name](case)
+    return case.op == _BY_NAME[name].op and TRIGGERS[name](case)
 
 
 # ------------------------------------------------------------------ the patched calls
@@ -129,6 +130,45 @@ NARROW_MUTANTS: tuple[Mutant, ...] = (
 )
 
 
+# ------------------------------------------------------------------ as --candidate functions
+def _candidate(mutant: Mutant):
+    """The mutant as a jax candidate function in FLA's convention (so `parity repro` can write a
+    standalone script of it); `supports(case)` / `applies(case)` say where the kernel it wraps has a
+    kernel (the runner records other cases `unsupported`; parity fuzz draws only there)."""
+
+    def run(q, k, v, *args, **kw):
+        import importlib
+
+        from ..backends.jax_backends import PALLAS_KERNELS
+        module, function = PALLAS_KERNELS[mutant.impl][mutant.op]
+        return mutant.wrap(getattr(importlib.import_module(module), function))(q, k, v, *args, **kw)
+
+    def applies(case: Case) -> bool:
+        from ..backends.base import Unsupported
+        from ..backends.jax_backends import PallasBackend
+        if case.op != mutant.op:
+            return False
+        try:
+            PallasBackend(mutant.impl).kernel(case)
+        except Unsupported:
+            return False
+        return True
+
+    run.__name__ = mutant.name.replace("-", "_")
+    run.__doc__ = f"Narrow mutant {mutant.name}: {mutant.what}"
+    run.applies = run.supports = applies
+    return run
+
+
+_BY_NAME = {m.name: m for m in NARROW_MUTANTS}
+tail_one_token = _candidate(_BY_NAME["tail-one-token"])
+dh0_last_single = _candidate(_BY_NAME["dh0-last-single"])
+heads_wrap = _candidate(_BY_NAME["heads-wrap"])
+k_tiles_from_v = _candidate(_BY_NAME["k-tiles-from-v"])
+CANDIDATES = {m.name: m.name.replace("-", "_") for m in NARROW_MUTANTS}   # NAME -> function here
+
+
 def candidate_spec(name: str) -> str:
-    """The backend spec that runs narrow mutant `name` (as any mutant: parity.backends.mutant)."""
-    return f"mutant:{name}"
+    """`--candidate` spec of narrow mutant `name` as a standalone function (`mutant:NAME` runs the
+    same wrap through the mutant backend)."""
+    return f"{name}=jax:parity.mutants.narrow:{CANDIDATES[name]}"
