@@ -5,6 +5,7 @@
 Prints one line per op: first call (includes XLA compilation) and a second, warm call.
 Issue target: simple_gla fwd+bwd at B=1, T=4096, H=16, K=V=128 in at most 10 s on 2 cores.
 """
+
 import argparse
 import time
 

@@ -7,6 +7,7 @@ On a machine with a GPU:
 `save` writes one npz per case (FLA's tensors) and platform.json; `compare` prints, per case
 and tensor, rel_rms against the oracle of each run and of one run against the other.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,11 @@ def save(a) -> None:
         t0 = time.perf_counter()
         ex = FlaBackend().run(case, make_inputs(case))
         np.savez(out / f"{case.id}.npz", **ex.tensors)
-        platforms[case.id] = {"platform": ex.platform, "kernel_time_s": ex.kernel_time_s,
-                              "wall_s": time.perf_counter() - t0}
+        platforms[case.id] = {
+            "platform": ex.platform,
+            "kernel_time_s": ex.kernel_time_s,
+            "wall_s": time.perf_counter() - t0,
+        }
         print(f"{case.id}: {ex.platform} kernel {ex.kernel_time_s:.3f}s", flush=True)
     (out / "platform.json").write_text(json.dumps(platforms, indent=1))
 
@@ -54,16 +58,27 @@ def compare(a) -> None:
         with np.load(A / f"{cid}.npz") as za, np.load(B / f"{cid}.npz") as zb:
             for t in sorted(set(za.files) & set(zb.files)):
                 x, y = za[t].astype(np.float64), zb[t].astype(np.float64)
-                rows.append({"case": cid, "tensor": t, "eps_a": rel_rms(x, ref[t]), "eps_b": rel_rms(y, ref[t]),
-                             "a_vs_b": rel_rms(y, x), "platform_a": pa[cid]["platform"],
-                             "platform_b": pb[cid]["platform"]})
+                rows.append(
+                    {
+                        "case": cid,
+                        "tensor": t,
+                        "eps_a": rel_rms(x, ref[t]),
+                        "eps_b": rel_rms(y, ref[t]),
+                        "a_vs_b": rel_rms(y, x),
+                        "platform_a": pa[cid]["platform"],
+                        "platform_b": pb[cid]["platform"],
+                    }
+                )
     for r in rows:
-        print(f"{r['case']:70s} {r['tensor']:8s} eps[{r['platform_a']}]={r['eps_a']:.3e} "
-              f"eps[{r['platform_b']}]={r['eps_b']:.3e} between={r['a_vs_b']:.3e}")
+        print(
+            f"{r['case']:70s} {r['tensor']:8s} eps[{r['platform_a']}]={r['eps_a']:.3e} "
+            f"eps[{r['platform_b']}]={r['eps_b']:.3e} between={r['a_vs_b']:.3e}"
+        )
     if rows:
         ratio = [r["eps_b"] / r["eps_a"] for r in rows if r["eps_a"] > 0]
-        print(f"{len(rows)} tensors; eps_b/eps_a min {min(ratio):.3f} median {np.median(ratio):.3f} "
-              f"max {max(ratio):.3f}")
+        print(
+            f"{len(rows)} tensors; eps_b/eps_a min {min(ratio):.3f} median {np.median(ratio):.3f} max {max(ratio):.3f}"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

@@ -1,9 +1,22 @@
 """The case registry: `Case`, deterministic inputs, named suites and hypothesis strategies."""
-from .case import Case, CaseError, DTYPES, GATES, OPS
+
+from .case import DTYPES, GATES, OPS, Case, CaseError
 from .inputs import check_size, input_hash, input_shapes, input_size, make_inputs, make_inputs_f64, storage_dtype
 
-__all__ = ["Case", "CaseError", "DTYPES", "GATES", "OPS", "check_size", "input_hash", "input_shapes", "input_size",
-           "make_inputs", "make_inputs_f64", "storage_dtype"]
+__all__ = [
+    "Case",
+    "CaseError",
+    "DTYPES",
+    "GATES",
+    "OPS",
+    "check_size",
+    "input_hash",
+    "input_shapes",
+    "input_size",
+    "make_inputs",
+    "make_inputs_f64",
+    "storage_dtype",
+]
 from .suites import SUITES, get_suite, load_cases_file
 
 __all__ += ["SUITES", "get_suite", "load_cases_file"]

@@ -9,6 +9,7 @@ lengths (packed, B == 1), the seed, and the direction (fwd or fwdbwd).
 Its id is readable and round-trips:
     simple_gla-fwdbwd-B2-T256-H4-K128-V128-bf16-C128-gamma_alibi-h0-ht
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -73,8 +74,9 @@ class Case:
         # (parameters equal to their default are dropped: one case, one id)
         params = dict(self.gate_params)
         defaults = GATES.get(self.gate, (None, {}))[1]
-        object.__setattr__(self, "gate_params", tuple(sorted((str(k), v) for k, v in params.items()
-                                                             if defaults.get(k, object()) != v)))
+        object.__setattr__(
+            self, "gate_params", tuple(sorted((str(k), v) for k, v in params.items() if defaults.get(k, object()) != v))
+        )
         if self.seqlens is not None:
             object.__setattr__(self, "seqlens", tuple(self.seqlens))
         if self.scale is not None:
@@ -95,12 +97,15 @@ class Case:
         for f in ("h0", "ht"):
             if not isinstance(getattr(self, f), bool):
                 _bad(f, getattr(self, f), "true or false (a bool)")
-        if self.scale is not None and (not isinstance(self.scale, Real) or isinstance(self.scale, bool)
-                                       or not math.isfinite(self.scale)):
+        if self.scale is not None and (
+            not isinstance(self.scale, Real) or isinstance(self.scale, bool) or not math.isfinite(self.scale)
+        ):
             _bad("scale", self.scale, "None (K**-0.5) or a finite positive number")
         gp = self.gate_params
         pairs = gp.items() if isinstance(gp, dict) else gp if isinstance(gp, (tuple, list)) else None
-        if pairs is None or not all(isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in pairs):
+        if pairs is None or not all(
+            isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in pairs
+        ):
             _bad("gate_params", gp, "a mapping of parameter name to int")
         if self.seqlens is not None and not isinstance(self.seqlens, (tuple, list)):
             _bad("seqlens", self.seqlens, "null or a list of positive ints")
@@ -120,7 +125,11 @@ class Case:
             _bad("gate", self.gate, f"one of {list(GATES)}")
         ops, defaults = GATES[self.gate]
         if self.op not in ops:
-            _bad("gate", self.gate, f"a gate for op {self.op!r}: one of {[g for g, (o, _) in GATES.items() if self.op in o]}")
+            _bad(
+                "gate",
+                self.gate,
+                f"a gate for op {self.op!r}: one of {[g for g, (o, _) in GATES.items() if self.op in o]}",
+            )
         for k, v in self.gate_params:
             if k not in defaults:
                 _bad("gate_params", k, f"parameters of {self.gate!r}: {list(defaults)}")
@@ -173,7 +182,7 @@ class Case:
 
     @property
     def scale_value(self) -> float:
-        return self.scale if self.scale is not None else self.K ** -0.5
+        return self.scale if self.scale is not None else self.K**-0.5
 
     @property
     def backward(self) -> bool:
@@ -198,8 +207,17 @@ class Case:
     # ---------------------------------------------------------------- id / json
     @property
     def id(self) -> str:
-        parts = [self.op, self.direction, f"B{self.B}", f"T{self.T}", f"H{self.H}", f"K{self.K}",
-                 f"V{self.V}", DTYPES[self.dtype], f"C{self.chunk_size}"]
+        parts = [
+            self.op,
+            self.direction,
+            f"B{self.B}",
+            f"T{self.T}",
+            f"H{self.H}",
+            f"K{self.K}",
+            f"V{self.V}",
+            DTYPES[self.dtype],
+            f"C{self.chunk_size}",
+        ]
         gate = self.gate + "".join(f".{k}{v}" for k, v in self.gate_params)
         parts.append(gate)
         if self.scale is not None:
@@ -218,11 +236,13 @@ class Case:
         return self.id
 
     @classmethod
-    def from_id(cls, case_id: str) -> "Case":
+    def from_id(cls, case_id: str) -> Case:
         toks = case_id.strip().split("-")
         if len(toks) < 10:
-            raise CaseError(f"case id {case_id!r} is malformed: expected "
-                            "op-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-s#][-h0][-ht][-lens#_#][-seed#]")
+            raise CaseError(
+                f"case id {case_id!r} is malformed: expected "
+                "op-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-s#][-h0][-ht][-lens#_#][-seed#]"
+            )
         op, direction = toks[0], toks[1]
         dims = {}
         for tok, name in zip(toks[2:7], "BTHKV"):
@@ -256,8 +276,16 @@ class Case:
                 kw["scale"] = float(tok[1:])
             else:
                 raise CaseError(f"case id {case_id!r}: unknown token {tok!r}")
-        return cls(op=op, direction=direction, dtype=DTYPE_FROM_SHORT[toks[7]],
-                   chunk_size=int(m.group(1)), gate=gate, gate_params=gate_params, **dims, **kw)
+        return cls(
+            op=op,
+            direction=direction,
+            dtype=DTYPE_FROM_SHORT[toks[7]],
+            chunk_size=int(m.group(1)),
+            gate=gate,
+            gate_params=gate_params,
+            **dims,
+            **kw,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -266,7 +294,7 @@ class Case:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Case":
+    def from_dict(cls, d: dict[str, Any]) -> Case:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - fields - {"id"}
         if unknown:
@@ -280,5 +308,5 @@ class Case:
             raise CaseError(f"case dict id {d['id']!r} does not match its fields (which give {case.id!r})")
         return case
 
-    def replace(self, **changes) -> "Case":
+    def replace(self, **changes) -> Case:
         return dataclasses.replace(self, **changes)

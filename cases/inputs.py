@@ -18,6 +18,7 @@ Tensors (FLA names and layout):
 Gates, beta and states stay float32 as in real models, where they are computed in
 float32 and the recurrent state is kept in float32.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,11 @@ import numpy as np
 
 from .case import Case, CaseError
 
-STORAGE_DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-                  "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+STORAGE_DTYPES = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
 FP32_INPUTS = ("g", "g_gamma", "beta", "initial_state", "dht")
 
 
@@ -41,9 +45,11 @@ def rng_for(seed: int, name: str) -> np.random.Generator:
 
 def alibi_slopes(H: int) -> np.ndarray:
     """ALiBi slopes for H heads (Press et al.), including non-powers of two. [H] float64."""
+
     def power_of_2(n):
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
+        return [start * start**i for i in range(n)]
+
     if math.log2(H).is_integer():
         return np.array(power_of_2(H))
     closest = 2 ** math.floor(math.log2(H))
@@ -129,8 +135,8 @@ def make_inputs(case: Case) -> dict[str, np.ndarray]:
 # The largest case the harness accepts, counted over every input make_inputs draws (the
 # float64 draw of the largest suite, `full`, is 0.67e9 elements, 5.4 GB); `parity run
 # --max-elements / --max-bytes` override them.
-MAX_INPUT_ELEMENTS = 2 ** 30
-MAX_INPUT_BYTES = 8 * 2 ** 30
+MAX_INPUT_ELEMENTS = 2**30
+MAX_INPUT_BYTES = 8 * 2**30
 
 
 def input_size(case: Case) -> tuple[int, int]:
@@ -149,8 +155,10 @@ def check_size(case: Case, max_elements: int = MAX_INPUT_ELEMENTS, max_bytes: in
     """CaseError when the case's inputs exceed the limits (before anything is allocated)."""
     n, nbytes = input_size(case)
     if n > max_elements or nbytes > max_bytes:
-        raise CaseError(f"case {case.id}: inputs of {n} elements ({nbytes} bytes in float64) exceed the limit of "
-                        f"{max_elements} elements and {max_bytes} bytes (--max-elements, --max-bytes)")
+        raise CaseError(
+            f"case {case.id}: inputs of {n} elements ({nbytes} bytes in float64) exceed the limit of "
+            f"{max_elements} elements and {max_bytes} bytes (--max-elements, --max-bytes)"
+        )
 
 
 def input_hash(inputs: dict[str, np.ndarray]) -> str:

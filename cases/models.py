@@ -5,6 +5,7 @@ gives the case fields that do not depend on the run's size. `models()` runs them
 B small enough for the CPU interpreters (suite `models`); `models_at_scale()` at realistic T
 and B (part of suite `full`, for GPUs and TPUs).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,52 +15,83 @@ from .case import Case
 
 @dataclasses.dataclass(frozen=True)
 class ModelLayer:
-    label: str     # what a person calls it
-    source: str    # where the numbers come from
-    case: dict     # Case fields but B, T (and seqlens)
+    label: str  # what a person calls it
+    source: str  # where the numbers come from
+    case: dict  # Case fields but B, T (and seqlens)
 
 
 MODEL_LAYERS: tuple[ModelLayer, ...] = (
     # FLA GLAConfig defaults (fla/models/gla/configuration_gla.py): hidden_size 2048, num_heads 4,
     # expand_k 0.5, expand_v 1 -> K = 2048 * 0.5 / 4 = 256, V = 2048 / 4 = 512; FLA's GLA layer
     # gate is logsigmoid(x) / gate_logit_normalizer with normalizer 16 (our g_logsig norm 16).
-    ModelLayer("GLA-1.3B layer (expand_k 0.5, expand_v 1)",
-               "Yang et al. 2023, arXiv 2312.06635; FLA GLAConfig",
-               dict(op="gla", H=4, K=256, V=512, dtype="bfloat16", gate="g_logsig")),
+    ModelLayer(
+        "GLA-1.3B layer (expand_k 0.5, expand_v 1)",
+        "Yang et al. 2023, arXiv 2312.06635; FLA GLAConfig",
+        dict(op="gla", H=4, K=256, V=512, dtype="bfloat16", gate="g_logsig"),
+    ),
     # FLA RetNetConfig defaults (fla/models/retnet/configuration_retnet.py): hidden_size 2048,
     # num_heads 8, expand_k 1, expand_v 2 -> K = 256, V = 512; decay of head h
     # gamma_h = 1 - 2^(-5 - h) (fla/ops/retention/chunk.py), as simple_gla with g_gamma.
-    ModelLayer("RetNet-1.3B multi-scale retention",
-               "Sun et al. 2023, arXiv 2307.08621; FLA RetNetConfig, fla/ops/retention",
-               dict(op="simple_gla", H=8, K=256, V=512, dtype="bfloat16", gate="gamma_retnet")),
+    ModelLayer(
+        "RetNet-1.3B multi-scale retention",
+        "Sun et al. 2023, arXiv 2307.08621; FLA RetNetConfig, fla/ops/retention",
+        dict(op="simple_gla", H=8, K=256, V=512, dtype="bfloat16", gate="gamma_retnet"),
+    ),
     # MiniMax-Text-01: 80 layers, 64 attention heads of dimension 128; lightning attention's
     # per-head decay is the ALiBi slope scaled per layer by (1 - l / (L - 1) + 1e-5).
     # Layer 0 has the steepest decay: with chunk 128, |gamma| * 128 > 88.7 (seed 000).
-    ModelLayer("MiniMax-Text-01 lightning attention, layer 0 of 80",
-               "MiniMax 2025, arXiv 2501.08313 (MiniMax-01)",
-               dict(op="simple_gla", H=64, K=128, V=128, dtype="bfloat16", chunk_size=128, gate="gamma_alibi",
-                    gate_params={"layer": 0, "layers": 80})),
-    ModelLayer("MiniMax-Text-01 lightning attention, layer 79 of 80 (prefill with state)",
-               "MiniMax 2025, arXiv 2501.08313 (MiniMax-01)",
-               dict(op="simple_gla", H=64, K=128, V=128, dtype="float32", gate="gamma_alibi",
-                    gate_params={"layer": 79, "layers": 80}, direction="fwd", h0=True, ht=True)),
+    ModelLayer(
+        "MiniMax-Text-01 lightning attention, layer 0 of 80",
+        "MiniMax 2025, arXiv 2501.08313 (MiniMax-01)",
+        dict(
+            op="simple_gla",
+            H=64,
+            K=128,
+            V=128,
+            dtype="bfloat16",
+            chunk_size=128,
+            gate="gamma_alibi",
+            gate_params={"layer": 0, "layers": 80},
+        ),
+    ),
+    ModelLayer(
+        "MiniMax-Text-01 lightning attention, layer 79 of 80 (prefill with state)",
+        "MiniMax 2025, arXiv 2501.08313 (MiniMax-01)",
+        dict(
+            op="simple_gla",
+            H=64,
+            K=128,
+            V=128,
+            dtype="float32",
+            gate="gamma_alibi",
+            gate_params={"layer": 79, "layers": 80},
+            direction="fwd",
+            h0=True,
+            ht=True,
+        ),
+    ),
     # FLA KDAConfig defaults (fla/models/kda/configuration_kda.py): hidden_size 2048, head_dim 128,
     # num_heads 16, expand_v 1 -> K = V = 128 (Kimi Linear's KDA layers use head_dim 128).
-    ModelLayer("Kimi Linear KDA layer (head_dim 128)",
-               "Kimi Team 2025, arXiv 2510.26692; FLA KDAConfig",
-               dict(op="kda", H=16, K=128, V=128, dtype="bfloat16", gate="g_logsig", ht=True)),
+    ModelLayer(
+        "Kimi Linear KDA layer (head_dim 128)",
+        "Kimi Team 2025, arXiv 2510.26692; FLA KDAConfig",
+        dict(op="kda", H=16, K=128, V=128, dtype="bfloat16", gate="g_logsig", ht=True),
+    ),
     # FLA GatedDeltaNetConfig defaults (fla/models/gated_deltanet/configuration_gated_deltanet.py):
     # head_dim 256, num_heads 6, expand_v 2 -> K = 256, V = 512; as KDA (delta rule with a
     # per-channel gate), the op of this registry closest to Gated DeltaNet.
-    ModelLayer("Gated DeltaNet-1.3B head dims, as KDA",
-               "Yang et al. 2024, arXiv 2412.06464; FLA GatedDeltaNetConfig",
-               dict(op="kda", H=6, K=256, V=512, dtype="bfloat16", gate="g_logsig")),
+    ModelLayer(
+        "Gated DeltaNet-1.3B head dims, as KDA",
+        "Yang et al. 2024, arXiv 2412.06464; FLA GatedDeltaNetConfig",
+        dict(op="kda", H=6, K=256, V=512, dtype="bfloat16", gate="g_logsig"),
+    ),
 )
 # a serving batch of packed prompts, one of a single token (varlen with the GLA-1.3B layer)
-PACKED_GLA = ModelLayer("GLA-1.3B layer, packed prompts of 1, 63 and 64 tokens",
-                        "Yang et al. 2023, arXiv 2312.06635; FLA GLAConfig",
-                        dict(op="gla", H=4, K=256, V=512, dtype="bfloat16", gate="g_logsig", direction="fwd",
-                             h0=True, ht=True))
+PACKED_GLA = ModelLayer(
+    "GLA-1.3B layer, packed prompts of 1, 63 and 64 tokens",
+    "Yang et al. 2023, arXiv 2312.06635; FLA GLAConfig",
+    dict(op="gla", H=4, K=256, V=512, dtype="bfloat16", gate="g_logsig", direction="fwd", h0=True, ht=True),
+)
 
 
 def _case(layer: ModelLayer, **size) -> Case:
@@ -82,5 +114,8 @@ def label(case: Case) -> str | None:
         if _case(m, B=case.B, T=case.T, seqlens=case.seqlens, seed=case.seed) == case:
             return m.label
     from .suites import fla_tests_sources
+
     sources = fla_tests_sources().get(case.id)
-    return "FLA " + ", ".join(sources[:2]) + (f" (+{len(sources) - 2})" if len(sources) > 2 else "") if sources else None
+    return (
+        "FLA " + ", ".join(sources[:2]) + (f" (+{len(sources) - 2})" if len(sources) > 2 else "") if sources else None
+    )

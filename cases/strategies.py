@@ -9,6 +9,7 @@ and shrink towards small ones.
 Every bias names the bug class it is for. Shrinking goes towards the first value of each
 axis (B = 1, H = 1, the smallest chunk and head dim, forward only, float32, no state).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ from .inputs import input_size
 HEAD_DIMS = (8, 16, 32, 60, 64, 100, 120, 127, 128, 129, 136, 192, 256, 512)
 DTYPES = ("float32", "bfloat16")
 DIRECTIONS = ("fwd", "fwdbwd")
-OVERFLOW_EXP = 88.7   # exp(x) overflows float32 above this (seed 000: |gamma| * C > 88.7)
+OVERFLOW_EXP = 88.7  # exp(x) overflows float32 above this (seed 000: |gamma| * C > 88.7)
 
 
 @st.composite
@@ -37,8 +38,14 @@ def seqlens(draw, max_T: int = 256):
 
 
 @st.composite
-def case(draw, op: str | None = None, max_T: int = 256, dtypes=("float32", "bfloat16"),
-         directions=("fwd", "fwdbwd"), kv=(16, 60, 64, 100, 128, 256, 512)):
+def case(
+    draw,
+    op: str | None = None,
+    max_T: int = 256,
+    dtypes=("float32", "bfloat16"),
+    directions=("fwd", "fwdbwd"),
+    kv=(16, 60, 64, 100, 128, 256, 512),
+):
     """A valid Case; pass op= to fix the op, max_T to bound the sequence length."""
     op = op or draw(st.sampled_from(OPS))
     gate = draw(st.sampled_from([g for g, (ops, _) in GATES.items() if op in ops]))
@@ -54,12 +61,24 @@ def case(draw, op: str | None = None, max_T: int = 256, dtypes=("float32", "bflo
     varlen = draw(st.booleans())
     lens = draw(seqlens(max_T)) if varlen else None
     T = sum(lens) if lens else draw(st.integers(1, max_T))
-    return Case(op=op, B=1 if lens else draw(st.integers(1, 2)), T=T, H=draw(st.integers(1, 4)),
-                K=draw(st.sampled_from(kv)), V=draw(st.sampled_from(kv)), dtype=draw(st.sampled_from(dtypes)),
-                chunk_size=draw(st.sampled_from([64, 128])), gate=gate, gate_params=params,
-                scale=draw(st.one_of(st.none(), st.sampled_from([0.05, 0.125, 1.0]))),
-                h0=draw(st.booleans()), ht=draw(st.booleans()), seqlens=lens, seed=draw(st.integers(0, 3)),
-                direction=draw(st.sampled_from(directions)))
+    return Case(
+        op=op,
+        B=1 if lens else draw(st.integers(1, 2)),
+        T=T,
+        H=draw(st.integers(1, 4)),
+        K=draw(st.sampled_from(kv)),
+        V=draw(st.sampled_from(kv)),
+        dtype=draw(st.sampled_from(dtypes)),
+        chunk_size=draw(st.sampled_from([64, 128])),
+        gate=gate,
+        gate_params=params,
+        scale=draw(st.one_of(st.none(), st.sampled_from([0.05, 0.125, 1.0]))),
+        h0=draw(st.booleans()),
+        ht=draw(st.booleans()),
+        seqlens=lens,
+        seed=draw(st.integers(0, 3)),
+        direction=draw(st.sampled_from(directions)),
+    )
 
 
 # ------------------------------------------------------------------ the search space of parity fuzz
@@ -67,16 +86,17 @@ def case(draw, op: str | None = None, max_T: int = 256, dtypes=("float32", "bflo
 class Space:
     """The values `boundary_case` draws from for one op (each valid for it; `parity fuzz`
     narrows them to where the candidate has a kernel), and the size bound."""
+
     op: str
     dtypes: tuple[str, ...] = DTYPES
     k_dims: tuple[int, ...] = HEAD_DIMS
     v_dims: tuple[int, ...] = HEAD_DIMS
-    gates: tuple[str, ...] = ()          # () = every gate of the op
+    gates: tuple[str, ...] = ()  # () = every gate of the op
     chunk_sizes: tuple[int, ...] = CHUNK_SIZES
     directions: tuple[str, ...] = DIRECTIONS
     max_H: int = 4
     max_T: int = 512
-    max_elements: int = 2 ** 18          # input elements (cases.input_size), all inputs together
+    max_elements: int = 2**18  # input elements (cases.input_size), all inputs together
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -174,14 +194,35 @@ def boundary_case(draw, space: Space, applies=None):
     gate = draw(st.sampled_from(space.gates))
     params = draw(gate_params(gate, C))
     K = draw(st.sampled_from(space.k_dims))
-    V = draw(st.one_of(st.just(K), st.sampled_from(space.v_dims))) if K in space.v_dims else \
-        draw(st.sampled_from(space.v_dims))
+    V = (
+        draw(st.one_of(st.just(K), st.sampled_from(space.v_dims)))
+        if K in space.v_dims
+        else draw(st.sampled_from(space.v_dims))
+    )
     h0, ht = draw(st.booleans()), draw(st.booleans())
-    kw = dict(op=op, B=1, T=1, H=1, K=K, V=V, dtype=dtype, chunk_size=C, gate=gate, gate_params=params,
-              h0=h0, ht=ht, direction=direction)
+    kw = dict(
+        op=op,
+        B=1,
+        T=1,
+        H=1,
+        K=K,
+        V=V,
+        dtype=dtype,
+        chunk_size=C,
+        gate=gate,
+        gate_params=params,
+        h0=h0,
+        ht=ht,
+        direction=direction,
+    )
     # heads and batch only as far as one token still fits
-    max_H = max(1, min(space.max_H, next((H for H in range(space.max_H, 0, -1)
-                                          if _largest_T({**kw, "H": H}, space, space.max_T) >= 1), 1)))
+    max_H = max(
+        1,
+        min(
+            space.max_H,
+            next((H for H in range(space.max_H, 0, -1) if _largest_T({**kw, "H": H}, space, space.max_T) >= 1), 1),
+        ),
+    )
     kw["H"] = draw(st.integers(1, max_H))
     varlen = draw(st.sampled_from((False, True)))
     if not varlen and _largest_T({**kw, "B": 2}, space, space.max_T) >= 1:

@@ -4,17 +4,17 @@ Each suite is a function returning a list of `Case`s. A matrix is a product of a
 `covering` walks the product of the primary axes and rotates secondary axes (state,
 varlen, shapes) through it so that every value of every secondary axis meets every op.
 """
+
 from __future__ import annotations
 
 import functools
 import itertools
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from .case import GATES, OPS, Case, CaseError
 from .models import models, models_at_scale
-
 
 # the gates the ci and full grids cover (gates added later join through cases of their own,
 # so that no existing case of a grid changes)
@@ -63,12 +63,24 @@ def smoke() -> list[Case]:
 def ci() -> list[Case]:
     """op x direction x dtype x chunk x gate, with initial/final state, varlen (boundaries
     not aligned to the chunk) and wide K/V rotated through the grid."""
-    primary = [p for op in OPS for p in _product(op=[op], direction=["fwd", "fwdbwd"],
-                                                  dtype=["float32", "bfloat16"], chunk_size=[64, 128],
-                                                  gate=gates_for(op))]
-    shapes = [dict(B=2, T=128, H=2, K=64, V=64), dict(B=1, T=100, H=2, K=64, V=64),
-              dict(B=1, T=130, H=1, K=64, V=64, seqlens=(45, 1, 84)),
-              dict(B=1, T=64, H=1, K=256, V=256), dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130))]
+    primary = [
+        p
+        for op in OPS
+        for p in _product(
+            op=[op],
+            direction=["fwd", "fwdbwd"],
+            dtype=["float32", "bfloat16"],
+            chunk_size=[64, 128],
+            gate=gates_for(op),
+        )
+    ]
+    shapes = [
+        dict(B=2, T=128, H=2, K=64, V=64),
+        dict(B=1, T=100, H=2, K=64, V=64),
+        dict(B=1, T=130, H=1, K=64, V=64, seqlens=(45, 1, 84)),
+        dict(B=1, T=64, H=1, K=256, V=256),
+        dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130)),
+    ]
     return covering(primary, {"state": STATES, "shape": shapes}) + head_dims()
 
 
@@ -77,26 +89,65 @@ def head_dims() -> list[Case]:
     (GLA's expand_k 0.5), K > V, dims off the 64 grid (FLA's tests use 60 and 100), and V = 512
     (GLA-1.3B, RetNet, Gated DeltaNet). A kernel that takes its scale, a BlockSpec or its state
     layout from V instead of K passes every K == V case."""
-    dims = [dict(K=64, V=128, h0=True, ht=True), dict(K=128, V=64, dtype="bfloat16"),
-            dict(K=60, V=100, ht=True), dict(K=256, V=512, dtype="bfloat16", h0=True)]
-    gates = {"simple_gla": ["g_logsig", "gamma_alibi", "g_logsig", "gamma_retnet"],
-             "gla": ["g_logsig", "g_stress", "g_logsig", "g_logsig"],
-             "kda": ["g_logsig", "g_stress", "g_logsig", "g_logsig"]}
-    return [Case(op, B=1, T=80, H=1 if d["V"] > 256 else 2, gate=gate, **d)
-            for op in OPS for d, gate in zip(dims, gates[op])]
+    dims = [
+        dict(K=64, V=128, h0=True, ht=True),
+        dict(K=128, V=64, dtype="bfloat16"),
+        dict(K=60, V=100, ht=True),
+        dict(K=256, V=512, dtype="bfloat16", h0=True),
+    ]
+    gates = {
+        "simple_gla": ["g_logsig", "gamma_alibi", "g_logsig", "gamma_retnet"],
+        "gla": ["g_logsig", "g_stress", "g_logsig", "g_logsig"],
+        "kda": ["g_logsig", "g_stress", "g_logsig", "g_logsig"],
+    }
+    return [
+        Case(op, B=1, T=80, H=1 if d["V"] > 256 else 2, gate=gate, **d)
+        for op in OPS
+        for d, gate in zip(dims, gates[op])
+    ]
 
 
 def stability() -> list[Case]:
     """The NaN/Inf class: ALiBi g_gamma at chunk 128 with many heads (|gamma| * 128 > 88.7
     for the first heads of the first layers), long-ish T, stress gates for every op."""
-    cases = [Case("simple_gla", B=1, T=256, H=16, K=64, V=64, chunk_size=128, gate="gamma_alibi",
-                  gate_params={"layer": layer, "layers": 20}, dtype=dtype, h0=True, ht=True)
-             for layer, dtype in [(0, "float32"), (0, "bfloat16"), (1, "bfloat16")]]
-    cases += [Case(op, B=1, T=256, H=2, K=64, V=64, chunk_size=chunk, gate=gate, dtype=dtype)
-              for op in OPS for gate in gates_for(op) if gate.endswith("stress")
-              for chunk, dtype in [(64, "float32"), (128, "bfloat16")]]
-    cases.append(Case("simple_gla", B=1, T=1024, H=4, K=64, V=64, chunk_size=128, gate="gamma_alibi",
-                      dtype="bfloat16", direction="fwd"))
+    cases = [
+        Case(
+            "simple_gla",
+            B=1,
+            T=256,
+            H=16,
+            K=64,
+            V=64,
+            chunk_size=128,
+            gate="gamma_alibi",
+            gate_params={"layer": layer, "layers": 20},
+            dtype=dtype,
+            h0=True,
+            ht=True,
+        )
+        for layer, dtype in [(0, "float32"), (0, "bfloat16"), (1, "bfloat16")]
+    ]
+    cases += [
+        Case(op, B=1, T=256, H=2, K=64, V=64, chunk_size=chunk, gate=gate, dtype=dtype)
+        for op in OPS
+        for gate in gates_for(op)
+        if gate.endswith("stress")
+        for chunk, dtype in [(64, "float32"), (128, "bfloat16")]
+    ]
+    cases.append(
+        Case(
+            "simple_gla",
+            B=1,
+            T=1024,
+            H=4,
+            K=64,
+            V=64,
+            chunk_size=128,
+            gate="gamma_alibi",
+            dtype="bfloat16",
+            direction="fwd",
+        )
+    )
     return cases
 
 
@@ -104,18 +155,24 @@ def varlen() -> list[Case]:
     """Packed sequences of uneven lengths: length 1, shorter than a chunk, straddling chunk
     boundaries, exactly one chunk."""
     lens = [(1, 63, 64, 2), (100, 1, 27), (64, 65), (5, 1, 1, 120)]
-    return [Case(op, B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype,
-                 h0=h0, ht=True)
-            for op in OPS for ls, (chunk, dtype, h0) in zip(lens, itertools.cycle(
-                [(64, "float32", True), (128, "bfloat16", False), (64, "bfloat16", True)]))]
+    return [
+        Case(op, B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype, h0=h0, ht=True)
+        for op in OPS
+        for ls, (chunk, dtype, h0) in zip(
+            lens, itertools.cycle([(64, "float32", True), (128, "bfloat16", False), (64, "bfloat16", True)])
+        )
+    ]
 
 
 def full() -> list[Case]:
     """Realistic shapes for GPU and TPU runs (not for CPU interpreters)."""
     shapes = _product(T=[2048, 8192], H=[16, 32], KV=[64, 128, 256], B=[1, 8])
     shapes = [s for s in shapes if s["B"] * s["T"] * s["H"] <= 8 * 2048 * 32]
-    primary = [p for op in OPS for p in _product(op=[op], dtype=["float32", "bfloat16"],
-                                                  chunk_size=[64, 128], gate=gates_for(op))]
+    primary = [
+        p
+        for op in OPS
+        for p in _product(op=[op], dtype=["float32", "bfloat16"], chunk_size=[64, 128], gate=gates_for(op))
+    ]
     shape_axis = [dict(B=s["B"], T=s["T"], H=s["H"], K=s["KV"], V=s["KV"]) for s in shapes]
     return covering(primary, {"state": STATES[:2], "shape": shape_axis}) + models_at_scale()
 
@@ -128,6 +185,7 @@ def fla_tests_sources() -> dict[str, list[str]]:
     """case id -> the FLA tests (file::function[id]) that use its parameters
     (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda}.py as data)."""
     from .fla_tests_data import FLA_TESTS
+
     out: dict[str, list[str]] = {}
     for e in FLA_TESTS:
         c = Case(**{k: e[k] for k in FLA_FIELDS}, gate_params={"norm": e["norm"]})
@@ -142,7 +200,12 @@ def fla_tests() -> list[Case]:
 
 
 SUITES: dict[str, Callable[[], list[Case]]] = {
-    "smoke": smoke, "ci": ci, "stability": stability, "varlen": varlen, "full": full, "models": models,
+    "smoke": smoke,
+    "ci": ci,
+    "stability": stability,
+    "varlen": varlen,
+    "full": full,
+    "models": models,
     "fla-tests": fla_tests,
 }
 

@@ -1,4 +1,5 @@
 """Cross-framework parity harness for linear-attention kernels."""
+
 import glob as _glob
 import os as _os
 
@@ -13,6 +14,7 @@ def tpu_attached() -> bool:
 def libtpu_installed() -> bool:
     """libtpu (the TPU compiler and runtime) is importable."""
     import importlib.util
+
     return importlib.util.find_spec("libtpu") is not None
 
 

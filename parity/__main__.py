@@ -1,4 +1,5 @@
 """`python -m parity ...`: the same as the `parity` console script."""
+
 import sys
 
 from .cli import main

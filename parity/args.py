@@ -4,6 +4,7 @@ Each is an argparse `type=`: it returns the parsed value or raises ArgumentTypeE
 naming the allowed values; the parser (cli.Parser) prints that as one line and exits 2,
 before any case runs.
 """
+
 from __future__ import annotations
 
 import argparse

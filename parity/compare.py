@@ -19,6 +19,7 @@
 `bound(cand, ref, factor)` applies eps_c <= factor * eps_r + floor on rel_rms and max_abs;
 `bound_localisation` says where along T and in which head the candidate exceeds it.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ import numpy as np
 
 from .tol import NP_DTYPES, output_dtype, tol
 
-TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")   # [B, T, H, ...]
+TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")  # [B, T, H, ...]
 N_WORST = 5
 
 
@@ -104,30 +105,32 @@ def _grid(rows: list) -> np.ndarray:
 # per TensorCore) that an error pattern points to; `localise` names them in its record.
 HAZARDS = {
     "after-first-chunk": "state carried along the chunk axis is lost after the first chunk: a sequential grid axis "
-                         "marked 'parallel' (v4, v5p and TPU7x split parallel axes over two TensorCores; TPU interpret "
-                         "mode gives each parallel step NaN-filled scratch), or state never written back",
+    "marked 'parallel' (v4, v5p and TPU7x split parallel axes over two TensorCores; TPU interpret "
+    "mode gives each parallel step NaN-filled scratch), or state never written back",
     "some-sequences": "error from a packed sequence's start on: the state is not reset at a sequence start of a "
-                      "varlen batch (it leaks from the sequence before)",
+    "varlen batch (it leaks from the sequence before)",
 }
 
 
-def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
-             seq_limit=None) -> dict:
+def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None, seq_limit=None) -> dict:
     """`_localise`, plus the grid hazard a time tensor's pattern points to (HAZARDS), if any."""
     loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
     pattern = loc.get("pattern")
     if name in TIME_TENSORS and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
         loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
-    elif name in TIME_TENSORS and rec.get("nan", 0) + rec.get("inf", 0) and loc.get("first_chunk", 0) > 0 \
-            and pattern in ("local", "uniform"):
+    elif (
+        name in TIME_TENSORS
+        and rec.get("nan", 0) + rec.get("inf", 0)
+        and loc.get("first_chunk", 0) > 0
+        and pattern in ("local", "uniform")
+    ):
         # NaN/Inf only from a later chunk on, the first clean: what uninitialised carried state gives
         # when the chunk axis runs out of order (TPU interpret mode visits 'parallel' axes in a random order)
         loc["hazard"] = HAZARDS["after-first-chunk"]
     return loc
 
 
-def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None,
-              seq_limit=None) -> dict:
+def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None, seq_limit=None) -> dict:
     """Where the error of one tensor first exceeds `limit`, and the shape of the error.
 
     rec: a compare_tensor record (profile, heatmap or row_heatmap, sequences).
@@ -153,8 +156,16 @@ def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite
         if len(rec.get("shape", [])) == 1:  # [H]: per head only
             return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads"}
         rows_bad = int(bad.any(1).sum())
-        return {"against": against, "sequence": n, "head": h,
-                "pattern": "one-sequence" if rows_bad == 1 and len(grid) > 1 else "all-sequences" if len(grid) > 1 else "state"}
+        return {
+            "against": against,
+            "sequence": n,
+            "head": h,
+            "pattern": "one-sequence"
+            if rows_bad == 1 and len(grid) > 1
+            else "all-sequences"
+            if len(grid) > 1
+            else "state",
+        }
     profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
     if not profile:
         return {}
@@ -236,13 +247,19 @@ def describe_localisation(loc: dict | None) -> str:
         return ""
     parts = [loc.get("pattern", "")]
     if "first_chunk" in loc:
-        parts.append(f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), head {loc['head']}")
+        parts.append(
+            f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), "
+            f"head {loc['head']}"
+        )
     if "head" in loc and "first_chunk" not in loc and "sequence" not in loc:
         parts.append(f"head {loc['head']}")
     if "sequences" in loc:
         parts.append("sequences " + ", ".join(map(str, loc["sequences"])))
     if "sequence" in loc:
-        parts.append(f"sequence {loc['sequence']}" + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else ""))
+        parts.append(
+            f"sequence {loc['sequence']}"
+            + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else "")
+        )
     if "hazard" in loc:
         parts.append("suspect: " + loc["hazard"])
     return "; ".join(p for p in parts if p)
@@ -261,7 +278,7 @@ def compare_tensor(case, name: str, x, ref) -> dict:
     inf = int(np.sum(np.isinf(x) & ref_ok))
     diff = np.where(both, x - r, 0.0)
     r0 = np.where(ref_ok, r, 0.0)
-    err2, ref2 = diff ** 2, r0 ** 2
+    err2, ref2 = diff**2, r0**2
     den = math.sqrt(float(ref2.sum()))
     num = math.sqrt(float(err2.sum()))
     # an identically zero oracle (the gate gradient when every sequence is one token and there is no
@@ -277,15 +294,30 @@ def compare_tensor(case, name: str, x, ref) -> dict:
     # worst elements: non-finite ones first, then by |x - r|
     score = np.where(both, absd, np.where(ref_ok, np.inf, -1.0)).ravel()
     order = np.argsort(-score, kind="stable")[:N_WORST]
-    worst = [{"index": [int(i) for i in np.unravel_index(j, x.shape)],
-              "value": _num(x.ravel()[j]), "oracle": _num(r.ravel()[j])} for j in order]
+    worst = [
+        {
+            "index": [int(i) for i in np.unravel_index(j, x.shape)],
+            "value": _num(x.ravel()[j]),
+            "oracle": _num(r.ravel()[j]),
+        }
+        for j in order
+    ]
     tolerance = tol(case, name)
     rec = {
-        "dtype": odt, "shape": list(x.shape), "rel_rms": eps, "max_abs": max_abs,
+        "dtype": odt,
+        "shape": list(x.shape),
+        "rel_rms": eps,
+        "max_abs": max_abs,
         "max_abs_over_rms": max_abs / rms_r if rms_r > 0 else (0.0 if max_abs == 0 else math.inf),
-        "max_ulp": float(ulps.max()) if ulps.size else 0.0, "nan": nan, "inf": inf,
-        "oracle_nonfinite": int(np.sum(~ref_ok)), "oracle_rms": rms_r, "oracle_max_abs": float(np.abs(r0).max(initial=0.0)),
-        "worst": worst, "floor_rel": rel_rms(rounded, r0), "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
+        "max_ulp": float(ulps.max()) if ulps.size else 0.0,
+        "nan": nan,
+        "inf": inf,
+        "oracle_nonfinite": int(np.sum(~ref_ok)),
+        "oracle_rms": rms_r,
+        "oracle_max_abs": float(np.abs(r0).max(initial=0.0)),
+        "worst": worst,
+        "floor_rel": rel_rms(rounded, r0),
+        "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
         "tol": tolerance,
     }
     nonfinite = ~x_ok & ref_ok
@@ -332,11 +364,15 @@ def bound(cand: dict, ref: dict, factor: float = 1.0) -> dict:
         c, r = cand.get(metric), ref.get(metric)
         if c is None or r is None or ref_nonfinite:
             out[metric] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
-            ok = ok and c is not None   # a reference with NaN bounds nothing; a NaN candidate fails
+            ok = ok and c is not None  # a reference with NaN bounds nothing; a NaN candidate fails
             continue
         limit = factor * r + ref[floor]
-        out[metric] = {"candidate": c, "reference": r, "limit": limit,
-                       "ratio": c / r if r > 0 else (0.0 if c == 0 else None)}
+        out[metric] = {
+            "candidate": c,
+            "reference": r,
+            "limit": limit,
+            "ratio": c / r if r > 0 else (0.0 if c == 0 else None),
+        }
         ok = ok and c <= limit
     out["ok"] = bool(ok and not cand.get("nan") and not cand.get("inf"))
     return out

@@ -10,6 +10,7 @@ that cannot be read, a malformed record, mismatched input hashes, a (case, backe
 missing from NEW (what the diff did not see is never a pass), nothing in common.
 The oracle's records carry no error and are not compared.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,28 +52,50 @@ def diff_runs(base_dirs: list[Path], new_dirs: list[Path], max_ratio: float = DE
     new_pairs = {(c, b) for c, recs in new.items() for b, r in recs.items() if r["side"] != "oracle"}
     missing = sorted(pairs - new_pairs)
     if missing:
-        raise DiffRefusal(f"{len(missing)} (case, backend) of BASE not in NEW, e.g. "
-                          + "; ".join(f"{c} [{b}]" for c, b in missing[:3]))
+        raise DiffRefusal(
+            f"{len(missing)} (case, backend) of BASE not in NEW, e.g. "
+            + "; ".join(f"{c} [{b}]" for c, b in missing[:3])
+        )
     if not pairs:
         raise DiffRefusal(f"no case and backend (other than the oracle) in BASE {', '.join(map(str, base_dirs))}")
     rows = []
     for case_id, backend in sorted(pairs):
         rb, rn = base[case_id][backend], new[case_id][backend]
         if rb.get("input_hash") != rn.get("input_hash"):
-            raise DiffRefusal(f"case {case_id} [{backend}]: input_hash differs (BASE {str(rb.get('input_hash'))[:16]}, "
-                              f"NEW {str(rn.get('input_hash'))[:16]}): not the same inputs, refusing to compare")
+            raise DiffRefusal(
+                f"case {case_id} [{backend}]: input_hash differs (BASE {str(rb.get('input_hash'))[:16]}, "
+                f"NEW {str(rn.get('input_hash'))[:16]}): not the same inputs, refusing to compare"
+            )
         if rb["status"] != "ok" or rn["status"] != "ok":
             rows.append(_row(case_id, backend, None, rb["verdict"], rn["verdict"], None, None, max_ratio))
             continue
         for tensor in sorted(set(rb["tensors"]) | set(rn["tensors"])):
             tb, tn = rb["tensors"].get(tensor, {}), rn["tensors"].get(tensor, {})
-            rows.append(_row(case_id, backend, tensor, tb.get("verdict", "unsupported"), tn.get("verdict", "unsupported"),
-                             tb.get("rel_rms"), tn.get("rel_rms"), max_ratio))
+            rows.append(
+                _row(
+                    case_id,
+                    backend,
+                    tensor,
+                    tb.get("verdict", "unsupported"),
+                    tn.get("verdict", "unsupported"),
+                    tb.get("rel_rms"),
+                    tn.get("rel_rms"),
+                    max_ratio,
+                )
+            )
     rows.sort(key=lambda r: (not r["flagged"], -(r["ratio"] if r["ratio"] is not None else math.inf)))
     flagged = [r for r in rows if r["flagged"]]
     only_new = sorted(f"{c} [{b}]" for c, b in new_pairs - pairs)
-    return {"kind": "diff", "base": [str(d) for d in base_dirs], "new": [str(d) for d in new_dirs],
-            "max_ratio": max_ratio, "rows": rows, "flagged": flagged, "only_new": only_new, "ok": not flagged}
+    return {
+        "kind": "diff",
+        "base": [str(d) for d in base_dirs],
+        "new": [str(d) for d in new_dirs],
+        "max_ratio": max_ratio,
+        "rows": rows,
+        "flagged": flagged,
+        "only_new": only_new,
+        "ok": not flagged,
+    }
 
 
 def _row(case_id, backend, tensor, v_base, v_new, e_base, e_new, max_ratio) -> dict:
@@ -82,8 +105,18 @@ def _row(case_id, backend, tensor, v_base, v_new, e_base, e_new, max_ratio) -> d
         why.append(f"verdict {v_base} -> {v_new}")
     if ratio is not None and ratio > max_ratio:
         why.append(f"error x{ratio:.3g} > {max_ratio:g}")
-    return {"case_id": case_id, "backend": backend, "tensor": tensor, "verdict_base": v_base, "verdict_new": v_new,
-            "eps_base": e_base, "eps_new": e_new, "ratio": ratio, "flagged": bool(why), "why": "; ".join(why)}
+    return {
+        "case_id": case_id,
+        "backend": backend,
+        "tensor": tensor,
+        "verdict_base": v_base,
+        "verdict_new": v_new,
+        "eps_base": e_base,
+        "eps_new": e_new,
+        "ratio": ratio,
+        "flagged": bool(why),
+        "why": "; ".join(why),
+    }
 
 
 def _fmt(x) -> str:
@@ -95,15 +128,27 @@ def format_diff(result: dict, verbose: bool = False) -> str:
     shown = result["rows"] if verbose else result["flagged"]
     lines = [f"{'case':60s} {'backend':14s} {'tensor':8s} {'eps_base':>9s} {'eps_new':>9s} {'ratio':>7s}  verdict"]
     for r in shown:
-        verdict = r["verdict_new"] if r["verdict_new"] == r["verdict_base"] else f"{r['verdict_base']} -> {r['verdict_new']}"
-        lines.append(f"{r['case_id']:60s} {r['backend']:14s} {r['tensor'] or '-':8s} {_fmt(r['eps_base']):>9s} "
-                     f"{_fmt(r['eps_new']):>9s} {_fmt(r['ratio']):>7s}  {verdict}" + ("   FLAGGED" if r["flagged"] else ""))
+        verdict = (
+            r["verdict_new"] if r["verdict_new"] == r["verdict_base"] else f"{r['verdict_base']} -> {r['verdict_new']}"
+        )
+        lines.append(
+            f"{r['case_id']:60s} {r['backend']:14s} {r['tensor'] or '-':8s} {_fmt(r['eps_base']):>9s} "
+            f"{_fmt(r['eps_new']):>9s} {_fmt(r['ratio']):>7s}  {verdict}" + ("   FLAGGED" if r["flagged"] else "")
+        )
     ratios = sorted(r["ratio"] for r in result["rows"] if r["ratio"] is not None and math.isfinite(r["ratio"]))
     if ratios:
-        lines.append(f"{len(result['rows'])} tensors compared: ratio eps_new / eps_base median {ratios[len(ratios) // 2]:.3g}, "
-                     f"min {ratios[0]:.3g}, max {ratios[-1]:.3g}")
+        lines.append(
+            f"{len(result['rows'])} tensors compared: ratio eps_new / eps_base median {ratios[len(ratios) // 2]:.3g}, "
+            f"min {ratios[0]:.3g}, max {ratios[-1]:.3g}"
+        )
     if result["only_new"]:
-        lines.append(f"{len(result['only_new'])} (case, backend) only in NEW (no baseline), e.g. {result['only_new'][0]}")
-    lines.append("diff: PASS" if result["ok"] else
-                 f"diff: FAIL ({len(result['flagged'])} tensors grew by more than x{result['max_ratio']:g} or got a worse verdict)")
+        lines.append(
+            f"{len(result['only_new'])} (case, backend) only in NEW (no baseline), e.g. {result['only_new'][0]}"
+        )
+    lines.append(
+        "diff: PASS"
+        if result["ok"]
+        else f"diff: FAIL ({len(result['flagged'])} tensors grew by more than x{result['max_ratio']:g} "
+        "or got a worse verdict)"
+    )
     return "\n".join(lines)

@@ -30,6 +30,7 @@ Outputs under OUT:
 A candidate function may carry `applies(case) -> bool` (parity.mutants.narrow' do) to say
 where it has a kernel; built-in kernels and mutants are asked through their backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,7 +47,7 @@ from pathlib import Path
 from cases import Case
 from cases.strategies import Space, boundary_case
 
-DEFAULT_MAX_ELEMENTS = 2 ** 18       # a few seconds per example in TPU interpret mode on a CPU
+DEFAULT_MAX_ELEMENTS = 2**18  # a few seconds per example in TPU interpret mode on a CPU
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SHRINK_TIME_S = 300.0
 REFERENCE = "fla"
@@ -70,19 +71,19 @@ class _TimeUp(BaseException):
 class FuzzConfig:
     out: Path
     ops: tuple[str, ...]
-    backends: tuple[str, ...] = ("oracle",)   # oracle first; with 'fla' the bound is enforced
-    candidate: str | None = None              # the spec searched; None: the reference itself
-    time_s: float = 60.0                      # per op and search, to draw examples
+    backends: tuple[str, ...] = ("oracle",)  # oracle first; with 'fla' the bound is enforced
+    candidate: str | None = None  # the spec searched; None: the reference itself
+    time_s: float = 60.0  # per op and search, to draw examples
     shrink_time_s: float = DEFAULT_SHRINK_TIME_S
-    max_examples: int = 10 ** 6
+    max_examples: int = 10**6
     seed: int = 0
     jobs: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     max_elements: int = DEFAULT_MAX_ELEMENTS
     factor: float = 1.0
     progress: bool = True
-    numerics: str = ""                        # TPU numerics model of jax candidates ("" = default), as parity run
-    space: dict = dataclasses.field(default_factory=dict)   # Space fields to fix (tests: directions=("fwd",))
+    numerics: str = ""  # TPU numerics model of jax candidates ("" = default), as parity run
+    space: dict = dataclasses.field(default_factory=dict)  # Space fields to fix (tests: directions=("fwd",))
 
     @property
     def specs(self) -> list[str]:
@@ -92,6 +93,7 @@ class FuzzConfig:
     def subject(self) -> str:
         """The backend name whose verdict is the property."""
         from .backends import backend_name
+
         return backend_name(self.candidate) if self.candidate else REFERENCE
 
 
@@ -103,6 +105,7 @@ def applies_predicate(spec: str):
     from .backends import Unsupported, make_backend
     from .backends.jax_backends import PallasBackend
     from .backends.mutant import MutantBackend
+
     if spec in ("oracle", REFERENCE):
         return None
     backend = make_backend(spec)
@@ -118,6 +121,7 @@ def applies_predicate(spec: str):
         except Unsupported:
             return False
         return True
+
     return applies
 
 
@@ -127,16 +131,19 @@ def space_for(op: str, applies, max_elements: int, **fixed) -> Space:
     base = Space(op=op, max_elements=max_elements, **fixed)
     if applies is None:
         return base
-    probe = next((Case(op, 1, 16, 1, 64, 64, gate=g) for g in base.gates
-                  if applies(Case(op, 1, 16, 1, 64, 64, gate=g))), None)
+    probe = next(
+        (Case(op, 1, 16, 1, 64, 64, gate=g) for g in base.gates if applies(Case(op, 1, 16, 1, 64, 64, gate=g))), None
+    )
     if probe is None:
         raise ValueError(f"the candidate has no kernel for op {op!r} at any gate (probed at K = V = 64)")
     ok = lambda **kw: applies(probe.replace(**kw))
-    fields = dict(gates=tuple(g for g in base.gates if ok(gate=g)),
-                  dtypes=tuple(d for d in base.dtypes if ok(dtype=d)),
-                  k_dims=tuple(d for d in base.k_dims if ok(K=d)),
-                  v_dims=tuple(d for d in base.v_dims if ok(V=d)),
-                  chunk_sizes=tuple(c for c in base.chunk_sizes if ok(chunk_size=c)))
+    fields = dict(
+        gates=tuple(g for g in base.gates if ok(gate=g)),
+        dtypes=tuple(d for d in base.dtypes if ok(dtype=d)),
+        k_dims=tuple(d for d in base.k_dims if ok(K=d)),
+        v_dims=tuple(d for d in base.v_dims if ok(V=d)),
+        chunk_sizes=tuple(c for c in base.chunk_sizes if ok(chunk_size=c)),
+    )
     empty = [f for f, v in fields.items() if not v]
     if empty:
         raise ValueError(f"the candidate has no kernel for op {op!r}: no value of {', '.join(empty)} is accepted")
@@ -152,8 +159,10 @@ class CaseRunner:
     def __init__(self, out_dir: Path, specs: list[str], timeout_s: float, run_id: str):
         from .backends import parse_specs
         from .runner import RunConfig
-        self.cfg = RunConfig(out_dir=Path(out_dir), backends=list(specs), timeout_s=timeout_s, run_id=run_id,
-                             progress=False)
+
+        self.cfg = RunConfig(
+            out_dir=Path(out_dir), backends=list(specs), timeout_s=timeout_s, run_id=run_id, progress=False
+        )
         self.specs = parse_specs(list(specs))
         self.ctx = mp.get_context("spawn")
         self.worker = None
@@ -161,6 +170,7 @@ class CaseRunner:
     def run(self, case: Case) -> list[dict]:
         """The summary lines (parity.runner._summary_line) of every backend, oracle first."""
         from .runner import _failure_line, _Worker
+
         lines: list[dict] = []
         todo = list(self.specs)
         out_dir, run_id, timeout_s = Path(self.cfg.out_dir), self.cfg.run_id, self.cfg.timeout_s
@@ -203,8 +213,19 @@ class CaseRunner:
                 lines.append(_failure_line(case, spec, status, err, out_dir, run_id, timeout_s, w.input_hash))
                 todo = [s for s in w.todo if s != spec]
                 if spec.side == "oracle":
-                    lines += [_failure_line(case, s, "error", "the oracle failed for this case, nothing to compare "
-                                            "against", out_dir, run_id, timeout_s, w.input_hash) for s in todo]
+                    lines += [
+                        _failure_line(
+                            case,
+                            s,
+                            "error",
+                            "the oracle failed for this case, nothing to compare against",
+                            out_dir,
+                            run_id,
+                            timeout_s,
+                            w.input_hash,
+                        )
+                        for s in todo
+                    ]
                     todo = []
                 break
         return lines
@@ -224,9 +245,9 @@ class CaseRunner:
 # ------------------------------------------------------------------ the property: the gate's verdict
 @dataclasses.dataclass
 class Judgement:
-    verdict: str                 # the gate's verdict for the subject, or one of NOT_EVALUATED
+    verdict: str  # the gate's verdict for the subject, or one of NOT_EVALUATED
     detail: str = ""
-    margins: dict = dataclasses.field(default_factory=dict)   # tensor -> {"eps/tol": x, "eps/bound": y}
+    margins: dict = dataclasses.field(default_factory=dict)  # tensor -> {"eps/tol": x, "eps/bound": y}
     reference_findings: list = dataclasses.field(default_factory=list)
 
     @property
@@ -238,6 +259,7 @@ def read_records(out_dir: Path, case: Case, lines: list[dict]) -> dict[str, dict
     """backend -> the record each summary line points to, read and checked as the gate reads
     them; a record that was not written or does not read back is an error record."""
     from .records import RecordError, check_result, read_checked, result_path
+
     recs = {}
     for ln in lines:
         name = ln["backend"]
@@ -247,8 +269,14 @@ def read_records(out_dir: Path, case: Case, lines: list[dict]) -> dict[str, dict
             rec = read_checked(result_path(out_dir, name, case.id))
             check_result(rec, result_path(out_dir, name, case.id))
         except RecordError as e:
-            rec = {"backend": name, "side": ln["side"], "status": "error", "verdict": "error", "tensors": {},
-                   "error": f"the record cannot be read back: {e}"}
+            rec = {
+                "backend": name,
+                "side": ln["side"],
+                "status": "error",
+                "verdict": "error",
+                "tensors": {},
+                "error": f"the record cannot be read back: {e}",
+            }
         recs[name] = rec
     return recs
 
@@ -263,6 +291,7 @@ def _ratio(x, limit) -> float | None:
 def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.0) -> Judgement:
     """The gate's verdict for `subject` on one case, and its margins per tensor."""
     from .gate import GateRefusal, evaluate
+
     oracle = records.get("oracle")
     rec = records.get(subject)
     if oracle is None or oracle["status"] != "ok":
@@ -285,13 +314,19 @@ def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.
             b = t.get("bound") or {}
             bounds = [_ratio(b[m]["candidate"], b[m]["limit"]) for m in ("rel_rms", "max_abs") if b.get(m)]
             bounds = [x for x in bounds if x is not None]
-            margins[name] = {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")),
-                             "eps/bound": max(bounds) if bounds else None}
-        bad = [f"{n} {t['verdict']}" for n, t in entry["tensors"].items()
-               if t["verdict"] not in ("pass", "unsupported")]
+            margins[name] = {
+                "eps/tol": _ratio(t.get("rel_rms"), t.get("tol")),
+                "eps/bound": max(bounds) if bounds else None,
+            }
+        bad = [
+            f"{n} {t['verdict']}" for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported")
+        ]
         return Judgement(entry["verdict"], ", ".join(bad), margins, gate["reference_findings"])
-    margins = {n: {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")), "eps/bound": None}
-               for n, t in rec["tensors"].items() if t.get("verdict") != "unsupported"}
+    margins = {
+        n: {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")), "eps/bound": None}
+        for n, t in rec["tensors"].items()
+        if t.get("verdict") != "unsupported"
+    }
     bad = [f"{n} {t['verdict']}" for n, t in rec["tensors"].items() if t["verdict"] not in ("pass", "unsupported")]
     return Judgement(rec["verdict"], ", ".join(bad), margins)
 
@@ -306,7 +341,7 @@ class Search:
         self.work = Path(cfg.out) / ".work" / f"{op}-{index}"
         self.run_id = f"fuzz-{uuid.uuid4().hex[:10]}"
         self.seen: dict[str, Judgement] = {}
-        self.failing: list[str] = []      # failing case ids in the order found
+        self.failing: list[str] = []  # failing case ids in the order found
         self.worst: dict[str, dict] = {}  # "dtype/tensor/kind" -> {"margin", "case_id"}
         self.counts = {"examples": 0, "unsupported": 0, "oracle-failed": 0, "cache_hits": 0}
         self.reference_findings: list[dict] = []
@@ -317,13 +352,14 @@ class Search:
     # the property
     def check(self, case: Case) -> None:
         import hypothesis
+
         j = self.seen.get(case.id)
         if j is None:
             now = time.perf_counter()
             if self.t_found is None and now - self.t0 > self.cfg.time_s:
                 raise _TimeUp()
             if self.t_found is not None and now - self.t_found > self.cfg.shrink_time_s:
-                hypothesis.reject()   # shrinking out of time: only cases already run still count
+                hypothesis.reject()  # shrinking out of time: only cases already run still count
             j = self.evaluate(case)
         else:
             self.counts["cache_hits"] += 1
@@ -366,24 +402,38 @@ class Search:
         worst = max(self.worst.items(), key=lambda kv: kv[1]["margin"], default=None)
         w = f"worst {worst[0]} {worst[1]['margin']:.3g}" if worst else "worst -"
         el = time.perf_counter() - self.t0
-        left = (f"shrinking, {max(0.0, self.cfg.shrink_time_s - (time.perf_counter() - self.t_found)):.0f} s left"
-                if self.t_found is not None else f"{max(0.0, self.cfg.time_s - el):.0f} s left")
-        print(f"fuzz {self.op}[{self.cfg.subject}] #{self.index}: {self.counts['examples']} examples, "
-              f"{len(self.failing)} failing, {w}, {left}  ({j.verdict} {case.id})", file=sys.stderr, flush=True)
+        left = (
+            f"shrinking, {max(0.0, self.cfg.shrink_time_s - (time.perf_counter() - self.t_found)):.0f} s left"
+            if self.t_found is not None
+            else f"{max(0.0, self.cfg.time_s - el):.0f} s left"
+        )
+        print(
+            f"fuzz {self.op}[{self.cfg.subject}] #{self.index}: {self.counts['examples']} examples, "
+            f"{len(self.failing)} failing, {w}, {left}  ({j.verdict} {case.id})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def run(self) -> dict:
         from hypothesis import HealthCheck, Phase, Verbosity, given, settings
         from hypothesis import seed as hseed
         from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import Unsatisfiable
+
         applies = applies_predicate(self.cfg.candidate) if self.cfg.candidate else None
         space = space_for(self.op, applies, self.cfg.max_elements, **self.cfg.space)
         db = DirectoryBasedExampleDatabase(str(database_dir(self.cfg, self.op)))
         self.runner = CaseRunner(self.work, self.cfg.specs, self.cfg.timeout_s, self.run_id)
 
-        @settings(database=db, max_examples=self.cfg.max_examples, deadline=None, verbosity=Verbosity.quiet,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink))
+        @settings(
+            database=db,
+            max_examples=self.cfg.max_examples,
+            deadline=None,
+            verbosity=Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        )
         @hseed(self.seed)
         @given(boundary_case(space, applies))
         def prop(case):
@@ -402,31 +452,45 @@ class Search:
         finally:
             self.runner.close()
         wall = time.perf_counter() - self.t0
-        return {"op": self.op, "index": self.index, "seed": self.seed, "subject": self.cfg.subject,
-                "space": dataclasses.asdict(space), "stopped": stopped, "wall_s": wall, **self.counts,
-                "failing": self.failing, "minimal": minimal,
-                "minimal_verdict": self.seen[minimal].verdict if minimal else None,
-                "minimal_detail": self.seen[minimal].detail if minimal else None,
-                "time_to_find_s": self.t_found - self.t0 if self.t_found is not None else None,
-                "shrink_s": time.perf_counter() - self.t_found if self.t_found is not None else None,
-                "worst": self.worst, "reference_findings": self.reference_findings,
-                "platforms": sorted(self.platforms), "work": str(self.work)}
+        return {
+            "op": self.op,
+            "index": self.index,
+            "seed": self.seed,
+            "subject": self.cfg.subject,
+            "space": dataclasses.asdict(space),
+            "stopped": stopped,
+            "wall_s": wall,
+            **self.counts,
+            "failing": self.failing,
+            "minimal": minimal,
+            "minimal_verdict": self.seen[minimal].verdict if minimal else None,
+            "minimal_detail": self.seen[minimal].detail if minimal else None,
+            "time_to_find_s": self.t_found - self.t0 if self.t_found is not None else None,
+            "shrink_s": time.perf_counter() - self.t_found if self.t_found is not None else None,
+            "worst": self.worst,
+            "reference_findings": self.reference_findings,
+            "platforms": sorted(self.platforms),
+            "work": str(self.work),
+        }
 
 
 def database_dir(cfg: FuzzConfig, op: str) -> Path:
     """hypothesis's example database of this op, subject and backends (under OUT)."""
     from .backends import backend_name
+
     key = "-".join([op, cfg.subject] + [backend_name(s) for s in cfg.backends if s != "oracle"])
     return Path(cfg.out) / ".hypothesis" / key
 
 
 def _search_in_child(cfg: FuzzConfig, op: str, index: int, conn) -> None:
     from .proc import die_with_parent
+
     die_with_parent()
     try:
         conn.send(("ok", Search(cfg, op, index).run()))
     except BaseException as e:  # noqa: BLE001 - reported by the parent
         import traceback
+
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}"))
 
 
@@ -469,6 +533,7 @@ def save_found(cfg: FuzzConfig, search: dict) -> dict:
     from .manifest import write_manifest
     from .records import read_json, result_path
     from .repro import write_repro
+
     case = Case.from_id(search["minimal"])
     dest = Path(cfg.out) / "found" / case.id
     names = []
@@ -481,8 +546,9 @@ def save_found(cfg: FuzzConfig, search: dict) -> dict:
             names.append(name)
     oracle = result_path(dest, "oracle", case.id)
     hashes = {case.id: read_json(oracle).get("input_hash")} if oracle.exists() else {}
-    write_manifest(dest, "fuzz", "parity fuzz", [case.id], names, hashes,
-                   completed={(case.id, n) for n in names}, finished=True)
+    write_manifest(
+        dest, "fuzz", "parity fuzz", [case.id], names, hashes, completed={(case.id, n) for n in names}, finished=True
+    )
     subject = cfg.candidate or REFERENCE
     try:
         write_repro(case, subject, dest / "repro")
@@ -490,15 +556,24 @@ def save_found(cfg: FuzzConfig, search: dict) -> dict:
     except (ValueError, KeyError) as e:
         repro = f"not written: {e}"
     append_found(Path(cfg.out) / FOUND_FILE, case)
-    return {"case_id": case.id, "op": case.op, "subject": search["subject"], "verdict": search["minimal_verdict"],
-            "detail": search["minimal_detail"], "records": str(dest), "repro": repro,
-            "time_to_find_s": search["time_to_find_s"], "seed": search["seed"]}
+    return {
+        "case_id": case.id,
+        "op": case.op,
+        "subject": search["subject"],
+        "verdict": search["minimal_verdict"],
+        "detail": search["minimal_detail"],
+        "records": str(dest),
+        "repro": repro,
+        "time_to_find_s": search["time_to_find_s"],
+        "seed": search["seed"],
+    }
 
 
 def read_found(path: Path) -> list[dict]:
     """OUT/found.json's case dicts ([] when absent); ValueError naming the file when it is not
     a JSON list of valid case dicts."""
     from cases import CaseError, load_cases_file
+
     if not path.exists():
         return []
     try:
@@ -510,6 +585,7 @@ def read_found(path: Path) -> list[dict]:
 
 def append_found(path: Path, case: Case) -> None:
     from .records import write_json
+
     found = read_found(path)
     if case.to_dict() not in found:
         found.append(case.to_dict())
@@ -530,11 +606,13 @@ def merge_worst(searches: list[dict]) -> dict:
 def run_fuzz(cfg: FuzzConfig) -> dict:
     """Every op's searches; writes found/, found.json, fuzz.json and fuzz.html; returns the summary."""
     from .records import write_json
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    read_found(out / FOUND_FILE)   # refuse a malformed found.json before searching
+    read_found(out / FOUND_FILE)  # refuse a malformed found.json before searching
     if cfg.numerics:  # workers inherit it (parity.tpu_numerics reads it on first use), as in run_cases
         from .tpu_numerics import ENV, check_model
+
         os.environ[ENV] = check_model(cfg.numerics)
     t0 = time.perf_counter()
     searches = []
@@ -548,17 +626,30 @@ def run_fuzz(cfg: FuzzConfig) -> dict:
     for s in searches:
         shutil.rmtree(s["work"], ignore_errors=True)
     shutil.rmtree(out / ".work", ignore_errors=True)
-    summary = {"kind": "fuzz", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv,
-               "subject": cfg.subject, "candidate": cfg.candidate, "backends": list(cfg.specs),
-               "reference_searched": cfg.candidate is None, "ops": list(cfg.ops), "jobs": cfg.jobs,
-               "time_s": cfg.time_s, "shrink_time_s": cfg.shrink_time_s, "max_elements": cfg.max_elements,
-               "seed": cfg.seed, "wall_s": time.perf_counter() - t0,
-               "platforms": sorted({p for s in searches for p in s["platforms"]}),
-               "found": found, "worst": merge_worst(searches),
-               "searches": [{k: v for k, v in s.items() if k not in ("worst", "work")} for s in searches]}
+    summary = {
+        "kind": "fuzz",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv,
+        "subject": cfg.subject,
+        "candidate": cfg.candidate,
+        "backends": list(cfg.specs),
+        "reference_searched": cfg.candidate is None,
+        "ops": list(cfg.ops),
+        "jobs": cfg.jobs,
+        "time_s": cfg.time_s,
+        "shrink_time_s": cfg.shrink_time_s,
+        "max_elements": cfg.max_elements,
+        "seed": cfg.seed,
+        "wall_s": time.perf_counter() - t0,
+        "platforms": sorted({p for s in searches for p in s["platforms"]}),
+        "found": found,
+        "worst": merge_worst(searches),
+        "searches": [{k: v for k, v in s.items() if k not in ("worst", "work")} for s in searches],
+    }
     write_json(out / "fuzz.json", _finite(summary))
     try:
         from .html.fuzz import write_page
+
         summary["page"] = str(write_page(summary, out / "fuzz.html"))
     except ImportError:
         summary["page"] = None
@@ -579,14 +670,23 @@ def _finite(obj):
 def format_summary(summary: dict) -> str:
     """The terminal report; a failure's minimal case id is the last line."""
     lines = []
-    who = (f"the reference ({summary['subject']}) against the oracle" if summary["reference_searched"]
-           else f"candidate {summary['subject']}")
+    who = (
+        f"the reference ({summary['subject']}) against the oracle"
+        if summary["reference_searched"]
+        else f"candidate {summary['subject']}"
+    )
     for s in summary["searches"]:
-        lines.append(f"fuzz {s['op']} #{s['index']} (seed {s['seed']}): {who}: {s['examples']} examples in "
-                     f"{s['wall_s']:.0f} s ({s['unsupported']} unsupported, {s['oracle-failed']} oracle failures not "
-                     f"evaluated); stopped by {s['stopped']}"
-                     + (f"; failure found after {s['time_to_find_s']:.0f} s, shrunk in {s['shrink_s']:.0f} s "
-                        f"over {len(s['failing'])} failing cases" if s["minimal"] else ""))
+        lines.append(
+            f"fuzz {s['op']} #{s['index']} (seed {s['seed']}): {who}: {s['examples']} examples in "
+            f"{s['wall_s']:.0f} s ({s['unsupported']} unsupported, {s['oracle-failed']} oracle failures not "
+            f"evaluated); stopped by {s['stopped']}"
+            + (
+                f"; failure found after {s['time_to_find_s']:.0f} s, shrunk in {s['shrink_s']:.0f} s "
+                f"over {len(s['failing'])} failing cases"
+                if s["minimal"]
+                else ""
+            )
+        )
     for op, worst in summary["worst"].items():
         lines.append(f"worst margins, {op} (eps / limit; > 1 fails):")
         for key in sorted(worst):
@@ -594,11 +694,14 @@ def format_summary(summary: dict) -> str:
             lines.append(f"  {key:28s} {w['margin']:.3g}  {w['case_id']}")
     for f in summary["found"]:
         kind = "FINDING about the reference" if summary["reference_searched"] else "FAIL"
-        lines.append(f"{kind} [{f['subject']}] {f['verdict']}: {f['detail']}\n  records: {f['records']}\n"
-                     f"  repro: {f['repro']}")
+        lines.append(
+            f"{kind} [{f['subject']}] {f['verdict']}: {f['detail']}\n  records: {f['records']}\n  repro: {f['repro']}"
+        )
     if summary["found"]:
-        lines.append(f"found.json: {Path(summary['found'][0]['records']).parents[1] / FOUND_FILE} "
-                     f"(parity run --cases replays it)")
+        lines.append(
+            f"found.json: {Path(summary['found'][0]['records']).parents[1] / FOUND_FILE} "
+            f"(parity run --cases replays it)"
+        )
         lines.append(summary["found"][-1]["case_id"])
     else:
         lines.append(f"fuzz: no failure in {sum(s['examples'] for s in summary['searches'])} examples")
@@ -610,14 +713,30 @@ def fuzz_for_pytest(config, op: str) -> tuple[bool, str]:
     """The search `pytest --parity-fuzz SECONDS` runs for one op against the built-in kernel
     (pallas) or the first --candidate: (passed, report)."""
     from .pytest_plugin import _bound_factor, _report_dir
+
     opt = config.getoption
     candidate = (opt("parity_candidate") or ["pallas"])[0]
     out = _report_dir(config) / "fuzz" / f"{op}-{os.getpid()}"
-    cfg = FuzzConfig(out=out, ops=(op,), candidate=candidate, time_s=float(opt("parity_fuzz")),
-                     factor=_bound_factor(config), progress=False)
+    cfg = FuzzConfig(
+        out=out,
+        ops=(op,),
+        candidate=candidate,
+        time_s=float(opt("parity_fuzz")),
+        factor=_bound_factor(config),
+        progress=False,
+    )
     summary = run_fuzz(cfg)
     return not summary["found"], format_summary(summary)
 
 
-__all__ = ["FuzzConfig", "run_fuzz", "format_summary", "judge", "space_for", "applies_predicate", "CaseRunner",
-           "fuzz_for_pytest", "DEFAULT_MAX_ELEMENTS"]
+__all__ = [
+    "FuzzConfig",
+    "run_fuzz",
+    "format_summary",
+    "judge",
+    "space_for",
+    "applies_predicate",
+    "CaseRunner",
+    "fuzz_for_pytest",
+    "DEFAULT_MAX_ELEMENTS",
+]

@@ -27,6 +27,7 @@ summary gives the compile matrix. The gate also refuses a candidate whose record
 computed under different numerics models (parity.tpu_numerics) unless allow_mixed_numerics.
 Exit 0 when every check passes, 1 on any failure.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -35,9 +36,9 @@ from pathlib import Path
 from cases import Case
 
 from . import SCHEMA_VERSION
-from .spec import REFERENCE
 from .compare import bound, bound_localisation, describe_localisation
 from .records import ByCase, RecordError, iter_results, load_latest, newest, worst_verdict, write_json
+from .spec import REFERENCE
 
 
 class GateRefusal(Exception):
@@ -60,6 +61,7 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
     [...], "skipped": [...], "ignored": n, "no_manifest": [...]}. GateRefusal on anything
     unseen unless allow_partial (then every readable record counts)."""
     from .manifest import expected_compiles, expected_records, find_manifests
+
     skipped: list[str] | None = [] if allow_partial else None
     try:
         found = {p.resolve(): rec for p, rec in iter_results(dirs, skipped)}
@@ -80,8 +82,10 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
         if not manifests:
             no_manifest.append(str(d))
             if not allow_partial:
-                raise GateRefusal(f"{d}: no manifest (manifest-*.json) says which cases it should hold; "
-                                  "`parity run` and the pytest plugin write one (--allow-partial to gate its records anyway)")
+                raise GateRefusal(
+                    f"{d}: no manifest (manifest-*.json) says which cases it should hold; "
+                    "`parity run` and the pytest plugin write one (--allow-partial to gate its records anyway)"
+                )
             root = Path(d).resolve()
             for p in found:
                 if root in p.parents and Case.from_dict(found[p]["case"]).id == found[p]["case_id"]:
@@ -98,11 +102,15 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
                     continue
                 rec = found[rpath]
                 if (rec["case_id"], rec["backend"]) != (case_id, backend) or Case.from_dict(rec["case"]).id != case_id:
-                    raise GateRefusal(f"{rpath}: holds case {rec['case_id']!r} [{rec['backend']}], "
-                                      f"not {case_id!r} [{backend}] as its place and manifest say")
+                    raise GateRefusal(
+                        f"{rpath}: holds case {rec['case_id']!r} [{rec['backend']}], "
+                        f"not {case_id!r} [{backend}] as its place and manifest say"
+                    )
                 if hashes.get(case_id) and rec["input_hash"] != hashes[case_id]:
-                    raise GateRefusal(f"{rpath}: input_hash {str(rec['input_hash'])[:16]} differs from the one its "
-                                      f"manifest {mpath.name} recorded ({hashes[case_id][:16]})")
+                    raise GateRefusal(
+                        f"{rpath}: input_hash {str(rec['input_hash'])[:16]} differs from the one its "
+                        f"manifest {mpath.name} recorded ({hashes[case_id][:16]})"
+                    )
                 used.add(rpath)
             for case_id, backend, cpath in expected_compiles(mpath, m, found):
                 rec = found_compiles.get(cpath.resolve())
@@ -110,20 +118,28 @@ def load_checked(dirs: list[Path], allow_partial: bool = False) -> tuple[dict, d
                     missing.append(f"{case_id} [{backend}] TPU compile ({mpath.name})")
                     continue
                 if (rec["case_id"], rec["backend"]) != (case_id, backend):
-                    raise GateRefusal(f"{cpath}: holds the compile of {rec['case_id']!r} [{rec['backend']}], "
-                                      f"not {case_id!r} [{backend}] as its place and manifest say")
+                    raise GateRefusal(
+                        f"{cpath}: holds the compile of {rec['case_id']!r} [{rec['backend']}], "
+                        f"not {case_id!r} [{backend}] as its place and manifest say"
+                    )
                 absent = [t for t in m.get("tpu_targets") or [] if t not in rec["targets"]]
                 if absent:
                     missing.append(f"{case_id} [{backend}] TPU compile for {', '.join(absent)} ({mpath.name})")
                     continue
                 used_compiles.add(cpath.resolve())
     if missing and not allow_partial:
-        raise GateRefusal(f"{len(missing)} record(s) a manifest lists are missing, e.g. {'; '.join(missing[:3])} "
-                          "(--allow-partial to gate the others)")
-    coverage = {"partial": allow_partial, "missing": missing, "skipped": skipped or [], "no_manifest": no_manifest,
-                "ignored": len(found) - len(used) + len(found_compiles) - len(used_compiles)}
-    return (newest(found[p] for p in sorted(used)), newest(found_compiles[p] for p in sorted(used_compiles)),
-            coverage)
+        raise GateRefusal(
+            f"{len(missing)} record(s) a manifest lists are missing, e.g. {'; '.join(missing[:3])} "
+            "(--allow-partial to gate the others)"
+        )
+    coverage = {
+        "partial": allow_partial,
+        "missing": missing,
+        "skipped": skipped or [],
+        "no_manifest": no_manifest,
+        "ignored": len(found) - len(used) + len(found_compiles) - len(used_compiles),
+    }
+    return (newest(found[p] for p in sorted(used)), newest(found_compiles[p] for p in sorted(used_compiles)), coverage)
 
 
 def load_compiles(dirs: list[Path]) -> dict[str, dict[str, dict]]:
@@ -140,13 +156,17 @@ def compile_problems(rec: dict) -> list[str]:
     out = []
     for target, r in rec["targets"].items():
         if not r["ok"]:
-            out.append(f"{target} ({r.get('device_kind', '?')}): {r.get('error_line') or r.get('error', '')[:300]}"
-                       + (f" [at {r['error_op'][:160]}]" if r.get("error_op") else ""))
+            out.append(
+                f"{target} ({r.get('device_kind', '?')}): {r.get('error_line') or r.get('error', '')[:300]}"
+                + (f" [at {r['error_op'][:160]}]" if r.get("error_op") else "")
+            )
         elif r.get("numerics", {}).get("error"):
             out.append(f"{target}: matmuls not checked against the numerics model: {r['numerics']['error'][:300]}")
         else:
-            out += [f"{target}: numerics model disagrees with the compiled module: {m}"
-                    for m in r.get("numerics", {}).get("mismatches", [])]
+            out += [
+                f"{target}: numerics model disagrees with the compiled module: {m}"
+                for m in r.get("numerics", {}).get("mismatches", [])
+            ]
     return out
 
 
@@ -166,10 +186,18 @@ def compile_summary(compiles: dict[str, dict[str, dict]]) -> dict | None:
                 if k.get("vmem_bytes", 0) > vmem[0]:
                     vmem = (k["vmem_bytes"], f"{r['case_id']} [{r['backend']}] {kernel} on {target}")
     seconds.sort()
-    return {"targets": sorted(by_target), "pairs": len(recs), "ok": sum(r["verdict"] == "pass" for r in recs),
-            "failed": sum(r["verdict"] != "pass" for r in recs), "by_target": by_target,
-            "compiles": len(seconds), "median_seconds": seconds[len(seconds) // 2] if seconds else None,
-            "max_seconds": seconds[-1] if seconds else None, "max_vmem_bytes": vmem[0], "max_vmem_where": vmem[1]}
+    return {
+        "targets": sorted(by_target),
+        "pairs": len(recs),
+        "ok": sum(r["verdict"] == "pass" for r in recs),
+        "failed": sum(r["verdict"] != "pass" for r in recs),
+        "by_target": by_target,
+        "compiles": len(seconds),
+        "median_seconds": seconds[len(seconds) // 2] if seconds else None,
+        "max_seconds": seconds[-1] if seconds else None,
+        "max_vmem_bytes": vmem[0],
+        "max_vmem_where": vmem[1],
+    }
 
 
 def _check_numerics(by_case: dict[str, dict[str, dict]]) -> None:
@@ -182,8 +210,10 @@ def _check_numerics(by_case: dict[str, dict[str, dict]]) -> None:
     for b, models in seen.items():
         if len(models) > 1:
             detail = ", ".join(f"{m} (e.g. {c})" for m, c in sorted(models.items()))
-            raise GateRefusal(f"candidate {b!r} has records computed under different numerics models: {detail}; "
-                              "rerun one side, or pass --allow-mixed-numerics")
+            raise GateRefusal(
+                f"candidate {b!r} has records computed under different numerics models: {detail}; "
+                "rerun one side, or pass --allow-mixed-numerics"
+            )
 
 
 def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
@@ -194,8 +224,13 @@ def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
             raise GateRefusal(f"case {case_id}: {field} differs between backends ({detail}); refusing to compare")
 
 
-def evaluate(by_case: ByCase, factor: float = 1.0, reference: str = REFERENCE,
-             compiles: dict[str, dict[str, dict]] | None = None, allow_mixed_numerics: bool = False) -> dict:
+def evaluate(
+    by_case: ByCase,
+    factor: float = 1.0,
+    reference: str = REFERENCE,
+    compiles: dict[str, dict[str, dict]] | None = None,
+    allow_mixed_numerics: bool = False,
+) -> dict:
     """The gate's verdict for every case, candidate and tensor (and TPU compile, when
     compile records are given)."""
     compiles = compiles or {}
@@ -212,37 +247,67 @@ def evaluate(by_case: ByCase, factor: float = 1.0, reference: str = REFERENCE,
         if not cands:
             raise GateRefusal(f"case {case_id}: no candidate (pallas or --candidate) result in the given directories")
         if ref["status"] != "ok":
-            findings.append({"case_id": case_id, "tensor": None, "finding": f"reference {ref['status']}: {(ref.get('error') or '')[:200]}"})
+            findings.append(
+                {
+                    "case_id": case_id,
+                    "tensor": None,
+                    "finding": f"reference {ref['status']}: {(ref.get('error') or '')[:200]}",
+                }
+            )
         for name, t in ref.get("tensors", {}).items():
             if t.get("verdict") in ("fail-accuracy", "nan-inf"):
-                findings.append({"case_id": case_id, "tensor": name, "finding": f"reference {t['verdict']}",
-                                 "rel_rms": t.get("rel_rms"), "tol": t.get("tol")})
+                findings.append(
+                    {
+                        "case_id": case_id,
+                        "tensor": name,
+                        "finding": f"reference {t['verdict']}",
+                        "rel_rms": t.get("rel_rms"),
+                        "tol": t.get("tol"),
+                    }
+                )
         for cname, cand in sorted(cands.items()):
-            entry = {"case_id": case_id, "candidate": cname, "reference": reference,
-                     "candidate_platform": cand.get("platform"), "reference_platform": ref.get("platform"),
-                     "tensors": {}}
+            entry = {
+                "case_id": case_id,
+                "candidate": cname,
+                "reference": reference,
+                "candidate_platform": cand.get("platform"),
+                "reference_platform": ref.get("platform"),
+                "tensors": {},
+            }
             if cand["status"] != "ok":
                 entry["verdict"] = cand["status"]
                 entry["error"] = cand.get("error")
                 (unsupported if cand["status"] == "unsupported" else failures).append(
-                    {"case_id": case_id, "candidate": cname, "tensor": None, "verdict": cand["status"],
-                     "detail": (cand.get("error") or "").splitlines()[0][:200] if cand.get("error") else ""})
+                    {
+                        "case_id": case_id,
+                        "candidate": cname,
+                        "tensor": None,
+                        "verdict": cand["status"],
+                        "detail": (cand.get("error") or "").splitlines()[0][:200] if cand.get("error") else "",
+                    }
+                )
                 cases_out.append(entry)
                 continue
             unseen = [n for n in Case.from_dict(cand["case"]).output_names() if n not in cand["tensors"]]
             compared = [n for n, ct in cand["tensors"].items() if ct["verdict"] != "unsupported"]
             if unseen or not compared:
-                detail = (f"record has no entry for {', '.join(unseen)}" if unseen
-                          else "status ok but no tensor compared")
+                detail = (
+                    f"record has no entry for {', '.join(unseen)}" if unseen else "status ok but no tensor compared"
+                )
                 entry.update(verdict="error", error=detail)
-                failures.append({"case_id": case_id, "candidate": cname, "tensor": None, "verdict": "error",
-                                 "detail": detail})
+                failures.append(
+                    {"case_id": case_id, "candidate": cname, "tensor": None, "verdict": "error", "detail": detail}
+                )
                 cases_out.append(entry)
                 continue
             for name, ct in cand["tensors"].items():
                 rt = ref.get("tensors", {}).get(name)
-                t = {"accuracy": ct["verdict"], "rel_rms": ct.get("rel_rms"), "max_abs": ct.get("max_abs"),
-                     "tol": ct.get("tol")}
+                t = {
+                    "accuracy": ct["verdict"],
+                    "rel_rms": ct.get("rel_rms"),
+                    "max_abs": ct.get("max_abs"),
+                    "tol": ct.get("tol"),
+                }
                 verdict = ct["verdict"]
                 if verdict != "unsupported" and rt is not None and "rel_rms" in rt:
                     b = bound(ct, rt, factor)
@@ -251,8 +316,11 @@ def evaluate(by_case: ByCase, factor: float = 1.0, reference: str = REFERENCE,
                         verdict = "fail-bound"
                 else:
                     t["bound"] = None
-                    t["bound_note"] = ("candidate has no such tensor" if verdict == "unsupported"
-                                       else f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}")
+                    t["bound_note"] = (
+                        "candidate has no such tensor"
+                        if verdict == "unsupported"
+                        else f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}"
+                    )
                 t["verdict"] = verdict
                 if verdict == "fail-bound":
                     t["localisation"] = bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor)
@@ -260,26 +328,64 @@ def evaluate(by_case: ByCase, factor: float = 1.0, reference: str = REFERENCE,
                     t["localisation"] = ct.get("localisation", {})
                 entry["tensors"][name] = t
                 if verdict == "unsupported":
-                    unsupported.append({"case_id": case_id, "candidate": cname, "tensor": name, "verdict": verdict,
-                                        "detail": ct.get("reason", "")})
+                    unsupported.append(
+                        {
+                            "case_id": case_id,
+                            "candidate": cname,
+                            "tensor": name,
+                            "verdict": verdict,
+                            "detail": ct.get("reason", ""),
+                        }
+                    )
                 elif verdict != "pass":
                     rr = (t.get("bound") or {}).get("rel_rms") or {}
-                    failures.append({"case_id": case_id, "candidate": cname, "tensor": name, "verdict": verdict,
-                                     "eps_candidate": ct.get("rel_rms"), "eps_reference": rr.get("reference"),
-                                     "ratio": rr.get("ratio"), "tol": ct.get("tol"),
-                                     "localisation": t.get("localisation", {}), "repro": cand.get("repro")})
+                    failures.append(
+                        {
+                            "case_id": case_id,
+                            "candidate": cname,
+                            "tensor": name,
+                            "verdict": verdict,
+                            "eps_candidate": ct.get("rel_rms"),
+                            "eps_reference": rr.get("reference"),
+                            "ratio": rr.get("ratio"),
+                            "tol": ct.get("tol"),
+                            "localisation": t.get("localisation", {}),
+                            "repro": cand.get("repro"),
+                        }
+                    )
             entry["verdict"] = worst_verdict(v["verdict"] for v in entry["tensors"].values())
-            free = [n for n, v in entry["tensors"].items()
-                    if v["verdict"] != "unsupported" and (not v["bound"] or v["bound"].get("reference_nonfinite"))]
+            free = [
+                n
+                for n, v in entry["tensors"].items()
+                if v["verdict"] != "unsupported" and (not v["bound"] or v["bound"].get("reference_nonfinite"))
+            ]
             if free:  # judged on its own tolerance only: the reference gave nothing to bound these by
-                unbounded.append({"case_id": case_id, "candidate": cname, "tensors": free,
-                                  "reason": entry["tensors"][free[0]].get("bound_note") or f"reference {free[0]} has NaN/Inf"})
+                unbounded.append(
+                    {
+                        "case_id": case_id,
+                        "candidate": cname,
+                        "tensors": free,
+                        "reason": entry["tensors"][free[0]].get("bound_note") or f"reference {free[0]} has NaN/Inf",
+                    }
+                )
             cases_out.append(entry)
     _apply_compiles(compiles, cases_out, failures)
-    return {"schema": SCHEMA_VERSION, "kind": "gate", "bound_factor": factor, "reference": reference,
-            "ok": not failures, "cases": cases_out, "failures": failures, "reference_findings": findings,
-            "unsupported": unsupported, "unbounded": unbounded, "compile": compile_summary(compiles),
-            "counts": {v: sum(1 for c in cases_out if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases_out})}}
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "gate",
+        "bound_factor": factor,
+        "reference": reference,
+        "ok": not failures,
+        "cases": cases_out,
+        "failures": failures,
+        "reference_findings": findings,
+        "unsupported": unsupported,
+        "unbounded": unbounded,
+        "compile": compile_summary(compiles),
+        "counts": {
+            v: sum(1 for c in cases_out if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases_out})
+        },
+    }
 
 
 def _apply_compiles(compiles: dict, cases_out: list[dict], failures: list[dict]) -> None:
@@ -289,16 +395,32 @@ def _apply_compiles(compiles: dict, cases_out: list[dict], failures: list[dict])
         for backend, rec in sorted(compiles[case_id].items()):
             entry = entries.get((case_id, backend))
             if entry is None:
-                entry = {"case_id": case_id, "candidate": backend, "reference": None, "tensors": {}, "verdict": "pass",
-                         "candidate_platform": "compile only (no execution)"}
+                entry = {
+                    "case_id": case_id,
+                    "candidate": backend,
+                    "reference": None,
+                    "tensors": {},
+                    "verdict": "pass",
+                    "candidate_platform": "compile only (no execution)",
+                }
                 cases_out.append(entry)
-            entry["compile"] = {t: ("ok" if r["ok"] else r.get("error_line") or "error") for t, r in rec["targets"].items()}
+            entry["compile"] = {
+                t: ("ok" if r["ok"] else r.get("error_line") or "error") for t, r in rec["targets"].items()
+            }
             if rec["verdict"] == "pass":
                 continue
             entry["verdict"] = worst_verdict([entry["verdict"], rec["verdict"]])
             for line in compile_problems(rec):
-                failures.append({"case_id": case_id, "candidate": backend, "tensor": None, "verdict": rec["verdict"],
-                                 "detail": line, "repro": rec.get("repro")})
+                failures.append(
+                    {
+                        "case_id": case_id,
+                        "candidate": backend,
+                        "tensor": None,
+                        "verdict": rec["verdict"],
+                        "detail": line,
+                        "repro": rec.get("repro"),
+                    }
+                )
 
 
 def _fmt(x) -> str:
@@ -306,34 +428,50 @@ def _fmt(x) -> str:
 
 
 def format_summary(result: dict) -> str:
-    lines = [f"gate: {len(result['cases'])} case/candidate pairs, bound factor {result['bound_factor']}: "
-             + ", ".join(f"{n} {v}" for v, n in result["counts"].items())]
+    lines = [
+        f"gate: {len(result['cases'])} case/candidate pairs, bound factor {result['bound_factor']}: "
+        + ", ".join(f"{n} {v}" for v, n in result["counts"].items())
+    ]
     for f in result["failures"]:
         if f["tensor"] is None:
             lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['verdict']}: {f['detail']}")
         else:
-            lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
-                         f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
-                         f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}"
-                         + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else ""))
+            lines.append(
+                f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
+                f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
+                f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}"
+                + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else "")
+            )
     for f in result["reference_findings"]:
-        lines.append(f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"
-                     + (f" eps={_fmt(f.get('rel_rms'))} tol={_fmt(f.get('tol'))}" if f.get("tensor") else ""))
+        lines.append(
+            f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"
+            + (f" eps={_fmt(f.get('rel_rms'))} tol={_fmt(f.get('tol'))}" if f.get("tensor") else "")
+        )
     if result["unsupported"]:
-        lines.append(f"  unsupported: {len(result['unsupported'])} (case, candidate, tensor) entries, e.g. "
-                     + "; ".join(f"{u['case_id']} [{u['candidate']}] {u['tensor'] or ''} {u['detail'][:80]}" for u in result["unsupported"][:3]))
+        lines.append(
+            f"  unsupported: {len(result['unsupported'])} (case, candidate, tensor) entries, e.g. "
+            + "; ".join(
+                f"{u['case_id']} [{u['candidate']}] {u['tensor'] or ''} {u['detail'][:80]}"
+                for u in result["unsupported"][:3]
+            )
+        )
     if result.get("unbounded"):
         u = result["unbounded"]
-        lines.append(f"  bound not enforced (no reference tensor, or one with NaN/Inf; tolerance only): {len(u)} case/candidate pairs, "
-                     f"{sum(len(x['tensors']) for x in u)} tensors, e.g. {u[0]['case_id']} [{u[0]['candidate']}] "
-                     f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}")
+        lines.append(
+            "  bound not enforced (no reference tensor, or one with NaN/Inf; tolerance only): "
+            f"{len(u)} case/candidate pairs, "
+            f"{sum(len(x['tensors']) for x in u)} tensors, e.g. {u[0]['case_id']} [{u[0]['candidate']}] "
+            f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}"
+        )
     if result.get("compile"):
         lines.append(format_compile_summary(result["compile"]))
     cov = result.get("coverage") or {}
     if cov.get("partial"):
-        lines.append(f"  PARTIAL (--allow-partial): {len(cov['missing'])} listed records missing, {len(cov['skipped'])} "
-                     f"unreadable or malformed files skipped, {len(cov['no_manifest'])} directories without a manifest"
-                     + "".join(f"\n    not seen: {x}" for x in (cov["missing"] + cov["skipped"])[:5]))
+        lines.append(
+            f"  PARTIAL (--allow-partial): {len(cov['missing'])} listed records missing, {len(cov['skipped'])} "
+            f"unreadable or malformed files skipped, {len(cov['no_manifest'])} directories without a manifest"
+            + "".join(f"\n    not seen: {x}" for x in (cov["missing"] + cov["skipped"])[:5])
+        )
     if cov.get("ignored"):
         lines.append(f"  ignored: {cov['ignored']} records that no manifest lists")
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
@@ -343,9 +481,11 @@ def format_summary(result: dict) -> str:
 def format_compile_summary(c: dict) -> str:
     per = ", ".join(f"{t} {v['ok']} ok/{v['failed']} failed" for t, v in sorted(c["by_target"].items()))
     vmem = f"{c['max_vmem_bytes'] / 2**20:.2f} MiB ({c['max_vmem_where']})" if c.get("max_vmem_where") else "n/a"
-    return (f"  TPU compile (on this host, nothing executed): {c['pairs']} case/candidate pairs, {c['ok']} ok, "
-            f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {c['median_seconds']:.2f} s, "
-            f"max {c['max_seconds']:.2f} s; largest kernel VMEM operands {vmem}")
+    return (
+        f"  TPU compile (on this host, nothing executed): {c['pairs']} case/candidate pairs, {c['ok']} ok, "
+        f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {c['median_seconds']:.2f} s, "
+        f"max {c['max_seconds']:.2f} s; largest kernel VMEM operands {vmem}"
+    )
 
 
 def compared_nothing(result: dict) -> list[dict]:
@@ -353,16 +493,32 @@ def compared_nothing(result: dict) -> list[dict]:
     for TPU): nothing was shown to be as accurate as the reference, so it cannot pass."""
     seen: dict[str, bool] = {}
     for c in result["cases"]:
-        seen[c["candidate"]] = seen.get(c["candidate"], False) or "compile" in c or any(
-            t["verdict"] != "unsupported" for t in c["tensors"].values())
+        seen[c["candidate"]] = (
+            seen.get(c["candidate"], False)
+            or "compile" in c
+            or any(t["verdict"] != "unsupported" for t in c["tensors"].values())
+        )
     n = Counter(c["candidate"] for c in result["cases"])
-    return [{"case_id": "*", "candidate": cand, "tensor": None, "verdict": "unsupported",
-             "detail": f"unsupported everywhere: compared no tensor on any of its {n[cand]} cases"}
-            for cand, any_compared in sorted(seen.items()) if not any_compared]
+    return [
+        {
+            "case_id": "*",
+            "candidate": cand,
+            "tensor": None,
+            "verdict": "unsupported",
+            "detail": f"unsupported everywhere: compared no tensor on any of its {n[cand]} cases",
+        }
+        for cand, any_compared in sorted(seen.items())
+        if not any_compared
+    ]
 
 
-def run_gate(dirs: list[Path], factor: float = 1.0, out: Path | None = None, allow_partial: bool = False,
-             allow_mixed_numerics: bool = False) -> dict:
+def run_gate(
+    dirs: list[Path],
+    factor: float = 1.0,
+    out: Path | None = None,
+    allow_partial: bool = False,
+    allow_mixed_numerics: bool = False,
+) -> dict:
     """Load (load_checked), evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
     by_case, compiles, coverage = load_checked(dirs, allow_partial)
     if not by_case and not compiles:

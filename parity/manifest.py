@@ -15,6 +15,7 @@ directory against the records beside it: DIR/<backend>/<case_id>.json must exist
 readable result record of that case and backend for each one listed, with the input hash
 the manifest recorded (parity.gate.load_checked).
 """
+
 from __future__ import annotations
 
 import time
@@ -28,22 +29,43 @@ def manifest_path(out_dir: Path, run_id: str) -> Path:
     return Path(out_dir) / f"manifest-{run_id}.json"
 
 
-def write_manifest(out_dir: Path, run_id: str, writer: str, case_ids: list[str], backends: list[str],
-                   input_hashes: dict[str, str] | None = None, completed=(), finished: bool = False,
-                   interrupted: bool = False, tpu_targets=(), compiles=()) -> Path:
+def write_manifest(
+    out_dir: Path,
+    run_id: str,
+    writer: str,
+    case_ids: list[str],
+    backends: list[str],
+    input_hashes: dict[str, str] | None = None,
+    completed=(),
+    finished: bool = False,
+    interrupted: bool = False,
+    tpu_targets=(),
+    compiles=(),
+) -> Path:
     from references import ORACLE_VERSION
 
     from .tol import TOL_VERSION
+
     hashes = input_hashes or {}
     path = manifest_path(out_dir, run_id)
-    write_json(path, {
-        "schema": SCHEMA_VERSION, "kind": "manifest", "run_id": run_id, "writer": writer,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": {"schema": SCHEMA_VERSION, "oracle": ORACLE_VERSION, "tol": TOL_VERSION},
-        "backends": list(backends), "cases": [{"id": c, "input_hash": hashes.get(c)} for c in case_ids],
-        "completed": sorted([list(p) for p in completed]), "finished": finished, "interrupted": interrupted,
-        "tpu_targets": list(tpu_targets), "compiles": sorted([list(p) for p in compiles]),
-    })
+    write_json(
+        path,
+        {
+            "schema": SCHEMA_VERSION,
+            "kind": "manifest",
+            "run_id": run_id,
+            "writer": writer,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "versions": {"schema": SCHEMA_VERSION, "oracle": ORACLE_VERSION, "tol": TOL_VERSION},
+            "backends": list(backends),
+            "cases": [{"id": c, "input_hash": hashes.get(c)} for c in case_ids],
+            "completed": sorted([list(p) for p in completed]),
+            "finished": finished,
+            "interrupted": interrupted,
+            "tpu_targets": list(tpu_targets),
+            "compiles": sorted([list(p) for p in compiles]),
+        },
+    )
     return path
 
 
@@ -64,8 +86,10 @@ def check_manifest(m, path: Path) -> dict:
     if not isinstance(backends, list) or not all(isinstance(b, str) and NAME_RE.fullmatch(b) for b in backends):
         bad("backends", backends, "a list of backend names")
     cases = m.get("cases")
-    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("id"), str)
-                                              and isinstance(c.get("input_hash"), (str, type(None))) for c in cases):
+    if not isinstance(cases, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("input_hash"), (str, type(None)))
+        for c in cases
+    ):
         bad("cases", cases, "a list of {id, input_hash: a string or null}")
     for c in cases:
         try:
@@ -73,11 +97,14 @@ def check_manifest(m, path: Path) -> dict:
         except CaseError as e:
             bad("cases", c["id"], f"case ids ({e})")
     from .tpu_compile import TARGETS
+
     if not isinstance(m.get("tpu_targets", []), list) or not all(t in TARGETS for t in m.get("tpu_targets", [])):
         bad("tpu_targets", m.get("tpu_targets"), f"a list of TPU targets from {list(TARGETS)}")
     pairs = m.get("compiles", [])
-    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-                                              and NAME_RE.fullmatch(p[1]) for p in pairs):
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) and NAME_RE.fullmatch(p[1])
+        for p in pairs
+    ):
         bad("compiles", pairs, "a list of [case_id, backend] pairs")
     return m
 

@@ -7,6 +7,7 @@ ignores SIGINT, so that a Ctrl-C reaches the parent, which ends its children its
 ('ok', value), ('timeout', None) or ('died', exit code): for code that may hang or end
 the process (a user's candidate module imported for the first time).
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.spec import REFERENCE   # standard library only (the backend spec's parser)
+from parity.spec import REFERENCE  # standard library only (the backend spec's parser)
 
 MARKERS = {
     "gpu": "FLA Triton kernels compiled on a CUDA GPU",

@@ -14,6 +14,7 @@ types below, rather than skipping it: what the gate did not see is never a pass.
 Non-finite floats are written as null and their paths listed in "encoded_nonfinite"; a
 record that cannot be serialised at all is written as an error record saying why.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,21 +24,24 @@ import shlex
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional, TypedDict
+from typing import Any, TypedDict
 
 from . import SCHEMA_VERSION
+
 
 class TensorMetrics(TypedDict, total=False):
     """A candidate's or the reference's tensor against the oracle (parity.compare.compare_tensor);
     a tensor the backend does not return has only verdict "unsupported" and reason."""
-    verdict: str                    # one of VERDICT_ORDER
-    reason: str                     # why unsupported
+
+    verdict: str  # one of VERDICT_ORDER
+    reason: str  # why unsupported
     dtype: str
     shape: list[int]
-    rel_rms: Optional[float]        # ||x - r|| / ||r||; null when NaN/Inf (encoded_nonfinite)
+    rel_rms: float | None  # ||x - r|| / ||r||; null when NaN/Inf (encoded_nonfinite)
     max_abs: float
-    max_abs_over_rms: Optional[float]
+    max_abs_over_rms: float | None
     max_ulp: float
     nan: int
     inf: int
@@ -46,66 +50,77 @@ class TensorMetrics(TypedDict, total=False):
     oracle_max_abs: float
     floor_rel: float
     floor_abs: float
-    tol: float                      # parity.tol.tol(case, tensor)
-    worst: list[dict]               # [{"index", "value", "oracle"}], worst first
-    profile: list                   # error per chunk along T (or per state row)
+    tol: float  # parity.tol.tol(case, tensor)
+    worst: list[dict]  # [{"index", "value", "oracle"}], worst first
+    profile: list  # error per chunk along T (or per state row)
     heatmap: list
     row_heatmap: list
-    sequences: Optional[list]
+    sequences: list | None
     localisation: dict
-    rms: float                      # the oracle's own records: its rms and non-finite count
+    rms: float  # the oracle's own records: its rms and non-finite count
     nonfinite: int
 
 
 class ResultRecord(TypedDict, total=False):
     """DIR/<backend>/<case_id>.json (kind "result"), checked on read by check_result."""
+
     schema: int
-    kind: str                       # "result"
+    kind: str  # "result"
     run_id: str
     case_id: str
-    case: dict                      # cases.Case.to_dict()
-    input_hash: Optional[str]
+    case: dict  # cases.Case.to_dict()
+    input_hash: str | None
     oracle_version: Any
     tol_version: str
-    backend: str                    # BackendSpec.name
-    side: str                       # "oracle", "reference" or "candidate"
+    backend: str  # BackendSpec.name
+    side: str  # "oracle", "reference" or "candidate"
     host: str
-    created: str                    # %Y-%m-%dT%H:%M:%S%z: of two records the later wins (load_latest)
-    repro: str                      # the `parity run` command that reruns this case and backend
-    status: str                     # ok, error, timeout, unsupported
-    verdict: str                    # one of VERDICT_ORDER
-    platform: str                   # where it really ran, e.g. 'cpu:tpu-interpret'
+    created: str  # %Y-%m-%dT%H:%M:%S%z: of two records the later wins (load_latest)
+    repro: str  # the `parity run` command that reruns this case and backend
+    status: str  # ok, error, timeout, unsupported
+    verdict: str  # one of VERDICT_ORDER
+    platform: str  # where it really ran, e.g. 'cpu:tpu-interpret'
     implementation: str
     versions: dict[str, str]
     numerics: str
-    kernel_time_s: Optional[float]
-    wall_time_s: Optional[float]
-    error: Optional[str]
+    kernel_time_s: float | None
+    wall_time_s: float | None
+    error: str | None
     notes: dict[str, Any]
-    tensors: dict[str, TensorMetrics]   # the oracle's: shape, rms, max_abs, nonfinite, verdict
+    tensors: dict[str, TensorMetrics]  # the oracle's: shape, rms, max_abs, nonfinite, verdict
     encoded_nonfinite: list[str]
 
 
 class CompileRecord(TypedDict, total=False):
     """DIR/<backend>/<case_id>.compile.json (kind "compile", parity.tpu_compile), checked by check_compile."""
+
     schema: int
-    kind: str                       # "compile"
+    kind: str  # "compile"
     run_id: str
     case_id: str
     case: dict
     backend: str
     created: str
     repro: str
-    verdict: str                    # pass, compile-error or numerics-mismatch (compile_verdict of targets)
-    targets: dict[str, dict]        # target -> {"ok": bool, "error": str, "seconds", "mosaic", "numerics", ...}
+    verdict: str  # pass, compile-error or numerics-mismatch (compile_verdict of targets)
+    targets: dict[str, dict]  # target -> {"ok": bool, "error": str, "seconds", "mosaic", "numerics", ...}
 
 
-ByCase = dict[str, dict[str, ResultRecord]]   # case_id -> backend -> record
+ByCase = dict[str, dict[str, ResultRecord]]  # case_id -> backend -> record
 
 
 # worst first: the verdict of a case is the worst verdict of its tensors
-VERDICT_ORDER = ("error", "timeout", "compile-error", "numerics-mismatch", "nan-inf", "fail-accuracy", "fail-bound",
-                 "unsupported", "pass")
+VERDICT_ORDER = (
+    "error",
+    "timeout",
+    "compile-error",
+    "numerics-mismatch",
+    "nan-inf",
+    "fail-accuracy",
+    "fail-bound",
+    "unsupported",
+    "pass",
+)
 
 
 def worst_verdict(verdicts) -> str:
@@ -179,12 +194,34 @@ def write_record(path: Path, rec: ResultRecord) -> ResultRecord:
         return rec
     except (TypeError, ValueError, OverflowError, RecursionError) as e:
         why = f"the record could not be serialised: {type(e).__name__}: {e}"
-    keep = ("schema", "kind", "run_id", "case_id", "case", "input_hash", "oracle_version", "tol_version",
-            "backend", "side", "host", "created", "repro")
+    keep = (
+        "schema",
+        "kind",
+        "run_id",
+        "case_id",
+        "case",
+        "input_hash",
+        "oracle_version",
+        "tol_version",
+        "backend",
+        "side",
+        "host",
+        "created",
+        "repro",
+    )
     err = {k: rec[k] for k in keep if k in rec}
-    err.update(status="error", verdict="error", tensors={}, error=why, platform=str(rec.get("platform", "")),
-               implementation=str(rec.get("implementation", "")), versions={}, kernel_time_s=None,
-               wall_time_s=None, notes={})
+    err.update(
+        status="error",
+        verdict="error",
+        tensors={},
+        error=why,
+        platform=str(rec.get("platform", "")),
+        implementation=str(rec.get("implementation", "")),
+        versions={},
+        kernel_time_s=None,
+        wall_time_s=None,
+        notes={},
+    )
     write_json(path, err)
     return err
 
@@ -217,6 +254,7 @@ def repro_command(case_id: str, backend_spec) -> str:
     """The one command that reruns just this case on just this backend (a BackendSpec or its
     text) and the oracle."""
     from .spec import as_spec
+
     cmd = ["parity", "run", "--case", case_id, *as_spec(backend_spec).cli_args()]
     return " ".join(shlex.quote(c) for c in cmd + ["--out", "repro"])
 
@@ -226,16 +264,27 @@ def base_record(case, backend_spec, backend: str, side: str, input_hash: str, ru
     from references import ORACLE_VERSION
 
     from .tol import TOL_VERSION
+
     return {
-        "schema": SCHEMA_VERSION, "kind": "result", "run_id": run_id, "case_id": case.id,
-        "case": case.to_dict(), "input_hash": input_hash, "oracle_version": ORACLE_VERSION,
-        "tol_version": TOL_VERSION, "backend": backend, "side": side, "host": socket.gethostname(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "repro": repro_command(case.id, backend_spec),
+        "schema": SCHEMA_VERSION,
+        "kind": "result",
+        "run_id": run_id,
+        "case_id": case.id,
+        "case": case.to_dict(),
+        "input_hash": input_hash,
+        "oracle_version": ORACLE_VERSION,
+        "tol_version": TOL_VERSION,
+        "backend": backend,
+        "side": side,
+        "host": socket.gethostname(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "repro": repro_command(case.id, backend_spec),
     }
 
 
 def compile_repro_command(case_id: str, backend_spec, targets) -> str:
     from .spec import as_spec
+
     spec = as_spec(backend_spec)
     cmd = ["parity", "compile", "--case", case_id]
     cmd += ["--candidate", spec.text] if spec.is_candidate_spec else ["--backends", spec.text]
@@ -249,7 +298,9 @@ def check_dirs(dirs: list[Path]) -> None:
             raise RecordError(f"{d}: no such directory")
 
 
-def iter_results(dirs: list[Path], skipped: list[str] | None = None, kind: str = "result") -> Iterator[tuple[Path, dict]]:
+def iter_results(
+    dirs: list[Path], skipped: list[str] | None = None, kind: str = "result"
+) -> Iterator[tuple[Path, dict]]:
     """Every record of `kind` ("result", or "compile": parity.tpu_compile) under the given run
     directories (any depth), checked with check_result / check_compile. RecordError on a
     missing directory, an unreadable *.json file or a malformed record, unless a `skipped` list
@@ -292,8 +343,18 @@ def load_latest(dirs: list[Path], kind: str = "result") -> dict[str, dict[str, R
 
 
 # ------------------------------------------------------------------ the shape of a result record
-_NUMBER_KEYS = ("rel_rms", "max_abs", "max_abs_over_rms", "max_ulp", "oracle_rms", "oracle_max_abs",
-                "floor_rel", "floor_abs", "tol", "rms")
+_NUMBER_KEYS = (
+    "rel_rms",
+    "max_abs",
+    "max_abs_over_rms",
+    "max_ulp",
+    "oracle_rms",
+    "oracle_max_abs",
+    "floor_rel",
+    "floor_abs",
+    "tol",
+    "rms",
+)
 _COUNT_KEYS = ("nan", "inf", "oracle_nonfinite", "nonfinite")
 _GRID_KEYS = ("profile", "heatmap", "row_heatmap", "sequences")
 
@@ -333,6 +394,7 @@ def check_compile(rec: dict, path: Path | str = "record") -> None:
         if not r["ok"] and not isinstance(r.get("error"), str):
             field_error(path, f"targets.{t}.error", r.get("error"), "a string (the compiler's message)")
     from .tpu_compile import compile_verdict
+
     implied = compile_verdict(targets)
     if rec["verdict"] != implied:
         field_error(path, "verdict", rec["verdict"], f"{implied!r}, the verdict its targets imply")

@@ -11,6 +11,7 @@ DIR/tpu_numerics.py  (jax kernels) a copy of parity/tpu_numerics.py: off a TPU t
                  computes the kernel's matmuls under the same TPU numerics model as the
                  harness did, so it prints the epsilons the harness measured
 """
+
 from __future__ import annotations
 
 import json
@@ -78,7 +79,8 @@ with (contextlib.nullcontext() if on_tpu else pltpu.force_tpu_interpret_mode()):
     d = {n: jnp.asarray(x[n]) for n in diff_names}
     if {{ backward }}:
         outs, vjp = jax.vjp(f, d)
-        cot = (jnp.asarray(x["do"], outs[0].dtype),) + ((jnp.asarray(x["dht"], outs[1].dtype),) if len(outs) > 1 else ())
+        dht = (jnp.asarray(x["dht"], outs[1].dtype),) if len(outs) > 1 else ()
+        cot = (jnp.asarray(x["do"], outs[0].dtype),) + dht
         (grads,) = vjp(cot)
     else:
         outs, grads = f(d), {}
@@ -136,12 +138,23 @@ def write_repro(case: Case, spec, out: Path) -> Path:
     bf16 = sorted(n for n, a in inputs.items() if a.dtype.name == "bfloat16")
     np.savez(out / "inputs.npz", **{n: (a.view(np.uint16) if n in bf16 else a) for n, a in inputs.items()})
     np.savez(out / "oracle.npz", **cached_oracle(case, inputs)[0])
-    (out / "case.json").write_text(json.dumps({"id": case.id, **case.to_dict(), "input_hash": input_hash(inputs)}, indent=1))
+    (out / "case.json").write_text(
+        json.dumps({"id": case.id, **case.to_dict(), "input_hash": input_hash(inputs)}, indent=1)
+    )
     if call.framework == "jax":
         (out / "tpu_numerics.py").write_text(Path(tpu_numerics.__file__).read_text())
-    script = SCRIPT.render(case_id=case.id, framework=call.framework, module=call.module, function=call.function,
-                           bf16=bf16, scale=repr(case.scale), ht=case.ht, backward=case.backward,
-                           chunk_size=call.chunk_size, cu_seqlens_int64=call.cu_seqlens_int64,
-                           numerics=tpu_numerics.active())
+    script = SCRIPT.render(
+        case_id=case.id,
+        framework=call.framework,
+        module=call.module,
+        function=call.function,
+        bf16=bf16,
+        scale=repr(case.scale),
+        ht=case.ht,
+        backward=case.backward,
+        chunk_size=call.chunk_size,
+        cu_seqlens_int64=call.cu_seqlens_int64,
+        numerics=tpu_numerics.active(),
+    )
     (out / "repro.py").write_text(script)
     return out / "repro.py"

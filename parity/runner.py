@@ -15,6 +15,7 @@ can and never raises. A manifest (parity.manifest) lists what the run is meant t
 before the first worker starts and again at the end. SIGINT or SIGTERM end the workers,
 remove their .tmp-* files and leave a summary of what finished (summary["interrupted"]).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,14 +42,15 @@ DEFAULT_TIMEOUT_S = 900.0
 @dataclasses.dataclass
 class RunConfig:
     """What `run_cases` runs; it is read, never changed (run_cases makes its own copies)."""
+
     out_dir: Path
-    backends: list            # BackendSpec or spec text (parsed by run_cases); 'oracle' is always run first
+    backends: list  # BackendSpec or spec text (parsed by run_cases); 'oracle' is always run first
     jobs: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     run_id: str = ""
     progress: bool = True
-    tpu_targets: tuple[str, ...] = ()   # compile every jax candidate for these (parity.tpu_compile)
-    numerics: str = ""                  # TPU numerics model of the jax candidates ("" = default)
+    tpu_targets: tuple[str, ...] = ()  # compile every jax candidate for these (parity.tpu_compile)
+    numerics: str = ""  # TPU numerics model of the jax candidates ("" = default)
 
     def __post_init__(self):
         if not (isinstance(self.jobs, int) and self.jobs >= 1):
@@ -63,12 +65,13 @@ def shard(cases: list[Case], index: int, count: int) -> list[Case]:
     if not (count >= 1 and 1 <= index <= count):
         raise ValueError(f"--shard {index}/{count}: expected I/N with 1 <= I <= N")
     ordered = sorted(cases, key=lambda c: c.id)
-    return ordered[index - 1::count]
+    return ordered[index - 1 :: count]
 
 
 # ------------------------------------------------------------------ worker side
 def _tensor_records(case, result, oracle) -> dict:
     from .compare import compare_tensor
+
     recs = {}
     for name in case.output_names():
         if name in result.tensors:
@@ -81,17 +84,33 @@ def _tensor_records(case, result, oracle) -> dict:
 
 def _oracle_tensor_stats(tensors) -> dict:
     import numpy as np
-    return {n: {"shape": list(a.shape), "rms": float(np.sqrt(np.mean(np.square(a)))) if a.size else 0.0,
-                "max_abs": float(np.abs(a).max(initial=0.0)), "nonfinite": int(np.sum(~np.isfinite(a))),
-                "verdict": "pass"} for n, a in tensors.items()}
+
+    return {
+        n: {
+            "shape": list(a.shape),
+            "rms": float(np.sqrt(np.mean(np.square(a)))) if a.size else 0.0,
+            "max_abs": float(np.abs(a).max(initial=0.0)),
+            "nonfinite": int(np.sum(~np.isfinite(a))),
+            "verdict": "pass",
+        }
+        for n, a in tensors.items()
+    }
 
 
 def _record(case, spec, result, oracle, input_hash, run_id) -> ResultRecord:
     """The result record of `result` (spec: the BackendSpec, or its text, it ran as)."""
     rec = base_record(case, spec, result.backend, result.side, input_hash, run_id)
-    rec.update(status=result.status, platform=result.platform, implementation=result.implementation,
-               versions=result.versions, numerics=result.numerics, kernel_time_s=result.kernel_time_s,
-               wall_time_s=result.wall_time_s, error=result.error, notes=result.notes)
+    rec.update(
+        status=result.status,
+        platform=result.platform,
+        implementation=result.implementation,
+        versions=result.versions,
+        numerics=result.numerics,
+        kernel_time_s=result.kernel_time_s,
+        wall_time_s=result.wall_time_s,
+        error=result.error,
+        notes=result.notes,
+    )
     if result.status != "ok":
         rec["tensors"], rec["verdict"] = {}, result.status
     elif result.side == "oracle":
@@ -100,7 +119,11 @@ def _record(case, spec, result, oracle, input_hash, run_id) -> ResultRecord:
     else:
         rec["tensors"] = _tensor_records(case, result, oracle)
         tv = [t["verdict"] for t in rec["tensors"].values()]
-        rec["verdict"] = worst_verdict([v for v in tv if v != "unsupported"]) if any(v != "unsupported" for v in tv) else "unsupported"
+        rec["verdict"] = (
+            worst_verdict([v for v in tv if v != "unsupported"])
+            if any(v != "unsupported" for v in tv)
+            else "unsupported"
+        )
     return rec
 
 
@@ -111,13 +134,25 @@ def _summary_line(rec: dict) -> dict:
         if t.get("nan") or t.get("inf"):
             worst_name, worst_eps = name, None
             break
-        if eps is not None and (worst_eps is None or eps / max(t["tol"], 1e-300) > worst_eps / max(rec["tensors"][worst_name]["tol"], 1e-300)):
+        if eps is not None and (
+            worst_eps is None
+            or eps / max(t["tol"], 1e-300) > worst_eps / max(rec["tensors"][worst_name]["tol"], 1e-300)
+        ):
             worst_name, worst_eps = name, eps
-    return {"case_id": rec["case_id"], "backend": rec["backend"], "side": rec["side"], "status": rec["status"],
-            "verdict": rec["verdict"], "platform": rec.get("platform", ""), "worst_tensor": worst_name,
-            "worst_rel_rms": worst_eps, "wall_time_s": rec.get("wall_time_s"), "kernel_time_s": rec.get("kernel_time_s"),
-            "error": (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else None,
-            "input_hash": rec.get("input_hash")}
+    return {
+        "case_id": rec["case_id"],
+        "backend": rec["backend"],
+        "side": rec["side"],
+        "status": rec["status"],
+        "verdict": rec["verdict"],
+        "platform": rec.get("platform", ""),
+        "worst_tensor": worst_name,
+        "worst_rel_rms": worst_eps,
+        "wall_time_s": rec.get("wall_time_s"),
+        "kernel_time_s": rec.get("kernel_time_s"),
+        "error": (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else None,
+        "input_hash": rec.get("input_hash"),
+    }
 
 
 class LazyBackends(dict):
@@ -126,6 +161,7 @@ class LazyBackends(dict):
 
     def __missing__(self, spec):
         from .backends import make_backend
+
         try:
             b = make_backend(spec)
         except Exception as e:  # noqa: BLE001 - recorded per case
@@ -148,6 +184,7 @@ def compile_for_targets(case: Case, spec, backend, targets, out_dir: Path, run_i
     spec: a BackendSpec or its text."""
     from .backends import Unsupported, as_spec
     from .tpu_compile import compile_record
+
     if not targets or getattr(backend, "side", None) != "candidate" or not hasattr(backend, "compile_subject"):
         return None
     try:
@@ -160,9 +197,17 @@ def compile_for_targets(case: Case, spec, backend, targets, out_dir: Path, run_i
     return rec
 
 
-def run_case(case: Case, todo: list, backends: dict, out_dir: Path, run_id: str,
-             on_start=lambda spec: None, on_done=lambda line: None, on_inputs=lambda h: None,
-             tpu_targets: tuple[str, ...] = ()) -> tuple[list[dict], dict, list[dict]]:
+def run_case(
+    case: Case,
+    todo: list,
+    backends: dict,
+    out_dir: Path,
+    run_id: str,
+    on_start=lambda spec: None,
+    on_done=lambda line: None,
+    on_inputs=lambda h: None,
+    tpu_targets: tuple[str, ...] = (),
+) -> tuple[list[dict], dict, list[dict]]:
     """Run one case through the backends in `todo` (BackendSpecs or their texts, oracle first;
     `backends` maps each to its backend), write a record per backend, compile each jax candidate
     for `tpu_targets`, and return (records, timing, compile records). Used by worker processes
@@ -171,6 +216,7 @@ def run_case(case: Case, todo: list, backends: dict, out_dir: Path, run_id: str,
 
     from .backends import BackendResult, as_spec, execute
     from .backends.oracle import cached_oracle
+
     t_case = time.perf_counter()
     inputs = make_inputs(case)
     h = input_hash(inputs)
@@ -185,11 +231,21 @@ def run_case(case: Case, todo: list, backends: dict, out_dir: Path, run_id: str,
         on_start(item)
         b = backends[item]
         if isinstance(b, Exception):
-            result = BackendResult(backend=name, side=spec.side, status="error", tensors={},
-                                   error=f"backend could not be created: {type(b).__name__}: {b}")
+            result = BackendResult(
+                backend=name,
+                side=spec.side,
+                status="error",
+                tensors={},
+                error=f"backend could not be created: {type(b).__name__}: {b}",
+            )
         elif spec.side != "oracle" and oracle is None and has_oracle:
-            result = BackendResult(backend=name, side=b.side, status="error", tensors={},
-                                   error="the oracle failed for this case, nothing to compare against")
+            result = BackendResult(
+                backend=name,
+                side=b.side,
+                status="error",
+                tensors={},
+                error="the oracle failed for this case, nothing to compare against",
+            )
         else:
             if spec.side != "oracle" and oracle is None:
                 oracle = cached_oracle(case, inputs)[0]
@@ -200,8 +256,9 @@ def run_case(case: Case, todo: list, backends: dict, out_dir: Path, run_id: str,
         try:
             rec = _record(case, spec, result, oracle, h, run_id)
         except Exception:  # noqa: BLE001 - a comparison bug must not lose the run
-            result = dataclasses.replace(result, status="error", tensors={},
-                                         error="comparison failed:\n" + traceback.format_exc(limit=-4))
+            result = dataclasses.replace(
+                result, status="error", tensors={}, error="comparison failed:\n" + traceback.format_exc(limit=-4)
+            )
             rec = _record(case, spec, result, oracle, h, run_id)
         rec = write_record(result_path(Path(out_dir), name, case.id), rec)
         records.append(rec)
@@ -217,8 +274,11 @@ def run_case(case: Case, todo: list, backends: dict, out_dir: Path, run_id: str,
                 compiles.append(crec)
             compile_wall += time.perf_counter() - t_compile
         on_done(_summary_line(rec))
-    return (records, {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall, "compile_s": compile_wall},
-            compiles)
+    return (
+        records,
+        {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall, "compile_s": compile_wall},
+        compiles,
+    )
 
 
 def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
@@ -227,6 +287,7 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
     ('done', line), ('case', case_id, timing), or ('crash', case_id, error) when the harness
     itself failed on the case. Backends are built lazily, inside a case's timed window."""
     from .proc import die_with_parent
+
     die_with_parent()
     backends = LazyBackends()
     while True:
@@ -236,13 +297,26 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
         case_dict, todo = msg
         case = Case.from_dict(case_dict)
         try:
-            _, timing, _ = run_case(case, todo, backends, Path(out_dir), run_id,
-                                    on_start=lambda spec: conn.send(("start", case.id, spec)),
-                                    on_done=lambda line: conn.send(("done", line)),
-                                    on_inputs=lambda h: conn.send(("inputs", case.id, h)), tpu_targets=tpu_targets)
+            _, timing, _ = run_case(
+                case,
+                todo,
+                backends,
+                Path(out_dir),
+                run_id,
+                on_start=lambda spec: conn.send(("start", case.id, spec)),  # noqa: B023 - called in this iteration
+                on_done=lambda line: conn.send(("done", line)),
+                on_inputs=lambda h: conn.send(("inputs", case.id, h)),  # noqa: B023 - called in this iteration
+                tpu_targets=tpu_targets,
+            )
         except Exception as e:  # noqa: BLE001 - the parent records it for the backends left
-            conn.send(("crash", case.id, f"harness error in the worker: {type(e).__name__}: {str(e)[:500]}\n"
-                                         + traceback.format_exc(limit=-4)))
+            conn.send(
+                (
+                    "crash",
+                    case.id,
+                    f"harness error in the worker: {type(e).__name__}: {str(e)[:500]}\n"
+                    + traceback.format_exc(limit=-4),
+                )
+            )
             return
         conn.send(("case", case.id, timing))
 
@@ -251,13 +325,14 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
 class _Worker:
     def __init__(self, ctx, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...]):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, daemon=True,
-                                args=(child, str(out_dir), run_id, tuple(tpu_targets)))
+        self.proc = ctx.Process(
+            target=_worker_main, daemon=True, args=(child, str(out_dir), run_id, tuple(tpu_targets))
+        )
         self.proc.start()
         child.close()
         self.case: Case | None = None
-        self.todo: list = []                 # BackendSpecs left in the case
-        self.current = None                  # the BackendSpec running now
+        self.todo: list = []  # BackendSpecs left in the case
+        self.current = None  # the BackendSpec running now
         self.started = 0.0
         self.input_hash: str | None = None
 
@@ -285,24 +360,42 @@ class Progress:
             return
         el = time.time() - self.t0
         eta = el / self.done * (self.total - self.done)
-        fmt = lambda s: time.strftime("%M:%S", time.gmtime(s)) if s < 3600 else time.strftime("%H:%M:%S", time.gmtime(s))
+        fmt = lambda s: (
+            time.strftime("%M:%S", time.gmtime(s)) if s < 3600 else time.strftime("%H:%M:%S", time.gmtime(s))
+        )
         bar = "#" * int(20 * self.done / max(1, self.total))
         line = f"[{bar:<20}] {self.done}/{self.total} elapsed {fmt(el)} ETA {fmt(eta)}  {label}"
-        print(("\r" + line[:150].ljust(150)) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+        print(
+            ("\r" + line[:150].ljust(150)) if self.tty else line,
+            end="" if self.tty else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self):
         if self.enabled and self.tty:
             print(file=sys.stderr)
 
 
-def _failure_line(case: Case, spec, status: str, error: str, out_dir: Path, run_id: str, timeout_s: float,
-                  input_hash: str | None) -> dict:
+def _failure_line(
+    case: Case, spec, status: str, error: str, out_dir: Path, run_id: str, timeout_s: float, input_hash: str | None
+) -> dict:
     """Record written by the parent for a backend (a BackendSpec) whose worker timed out or died.
     It never raises: it uses the input hash the worker reported (rebuilding inputs could be what
     failed) and, when the record cannot be written, says so in the summary line."""
     rec = base_record(case, spec, spec.name, spec.side, input_hash, run_id)
-    rec.update(status=status, verdict=status, error=error, tensors={}, platform="", implementation="",
-               versions={}, kernel_time_s=None, wall_time_s=timeout_s if status == "timeout" else None, notes={})
+    rec.update(
+        status=status,
+        verdict=status,
+        error=error,
+        tensors={},
+        platform="",
+        implementation="",
+        versions={},
+        kernel_time_s=None,
+        wall_time_s=timeout_s if status == "timeout" else None,
+        notes={},
+    )
     try:
         rec = write_record(result_path(out_dir, spec.name, case.id), rec)
     except OSError as e:
@@ -322,6 +415,7 @@ def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
     """.tmp-<pid>-* files of the given processes (a killed worker's half-written record or
     oracle cache entry)."""
     from .backends.oracle import cache_dir
+
     for d in (Path(out_dir), cache_dir()):
         for p in d.rglob(".tmp-*") if d.is_dir() else ():
             if any(p.name.startswith(f".tmp-{pid}-") for pid in pids):
@@ -334,12 +428,14 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     when a signal ended the run early. cfg is not changed."""
     from .backends import as_spec, parse_specs
     from .manifest import write_manifest
+
     out_dir = Path(cfg.out_dir)
     run_id = cfg.run_id or uuid.uuid4().hex[:12]
     given = [as_spec(s) for s in cfg.backends]
     specs = parse_specs(["oracle"]) + parse_specs([s for s in given if s.side != "oracle"])
     if cfg.numerics:  # workers inherit it (parity.tpu_numerics reads it on first use)
         from .tpu_numerics import ENV, check_model
+
         os.environ[ENV] = check_model(cfg.numerics)
     names = [s.name for s in specs]
     write_manifest(out_dir, run_id, "parity run", [c.id for c in cases], names, tpu_targets=cfg.tpu_targets)
@@ -370,8 +466,18 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
         rest = [s for s in w.todo if s != spec]
         if spec.side == "oracle":
             for s in rest:
-                lines.append(_failure_line(w.case, s, "error", "the oracle failed for this case, nothing to compare against",
-                                           out_dir, run_id, cfg.timeout_s, w.input_hash))
+                lines.append(
+                    _failure_line(
+                        w.case,
+                        s,
+                        "error",
+                        "the oracle failed for this case, nothing to compare against",
+                        out_dir,
+                        run_id,
+                        cfg.timeout_s,
+                        w.input_hash,
+                    )
+                )
             rest = []
         if rest:
             retry.append((w.case, rest))
@@ -450,17 +556,33 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
             signal.signal(signal.SIGTERM, old_term)
     wall = time.perf_counter() - t0
     summary = {
-        "schema": SCHEMA_VERSION, "kind": "run", "run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv, "backends": [s.text for s in specs], "jobs": cfg.jobs, "cases": len(cases), "wall_time_s": wall,
+        "schema": SCHEMA_VERSION,
+        "kind": "run",
+        "run_id": run_id,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv,
+        "backends": [s.text for s in specs],
+        "jobs": cfg.jobs,
+        "cases": len(cases),
+        "wall_time_s": wall,
         "tpu_targets": list(cfg.tpu_targets),
         "interrupted": interrupted,
-        "timing": _timing_summary(lines, timings, wall), "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
+        "timing": _timing_summary(lines, timings, wall),
+        "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
     }
     write_json(out_dir / "summary.json", encode_nonfinite(summary)[0])
-    write_manifest(out_dir, run_id, "parity run", [c.id for c in cases], names,
-                   {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
-                   {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)}, finished=interrupted is None,
-                   interrupted=interrupted is not None, tpu_targets=cfg.tpu_targets)
+    write_manifest(
+        out_dir,
+        run_id,
+        "parity run",
+        [c.id for c in cases],
+        names,
+        {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
+        {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)},
+        finished=interrupted is None,
+        interrupted=interrupted is not None,
+        tpu_targets=cfg.tpu_targets,
+    )
     return summary
 
 
@@ -470,8 +592,14 @@ def _timing_summary(lines: list[dict], timings: dict, wall: float) -> dict:
         per_backend[ln["backend"]] = per_backend.get(ln["backend"], 0.0) + (ln["wall_time_s"] or 0.0)
     case_total = sum(t["total_s"] for t in timings.values())
     in_backends = sum(t["backends_s"] for t in timings.values())
-    compiling = sum(t.get("compile_s", 0.0) for t in timings.values())   # the TPU compile check
+    compiling = sum(t.get("compile_s", 0.0) for t in timings.values())  # the TPU compile check
     overhead = case_total - in_backends - compiling
-    return {"per_backend_s": per_backend, "case_total_s": case_total, "in_backends_s": in_backends,
-            "tpu_compile_s": compiling, "harness_overhead_s": overhead,
-            "harness_overhead_share": overhead / case_total if case_total else None, "wall_s": wall}
+    return {
+        "per_backend_s": per_backend,
+        "case_total_s": case_total,
+        "in_backends_s": in_backends,
+        "tpu_compile_s": compiling,
+        "harness_overhead_s": overhead,
+        "harness_overhead_share": overhead / case_total if case_total else None,
+        "wall_s": wall,
+    }

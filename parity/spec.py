@@ -14,12 +14,13 @@ BackendSpec's fields. How each backend calls its kernel for a case (module, func
 chunk size passed or not) is its backend's `kernel_call(case)` (KernelCall), used both by
 the backend when it runs and by `parity repro`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import re
 
-REFERENCE = "fla"                      # the reference backend's name: the GPU side of the gate
+REFERENCE = "fla"  # the reference backend's name: the GPU side of the gate
 BUILTIN = ("oracle", REFERENCE, "pallas", "pallas-fused")
 FRAMEWORKS = ("jax", "pallas", "torch")
 MUTANT_PREFIX = "mutant:"
@@ -29,8 +30,10 @@ KINDS = ("oracle", "fla", "kernels_jax", "candidate-jax", "candidate-pallas", "c
 # ('.', '..', '/', a leading '-' or '.'), at most 64 characters
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 CANDIDATE_RE = re.compile(r"^(?P<name>[^=]*)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
-FORMS = (f"one of {list(BUILTIN)}, mutant:NAME, or a candidate NAME=FRAMEWORK:MODULE:FUNCTION "
-         f"(FRAMEWORK one of {list(FRAMEWORKS)}, e.g. mine=jax:my_pkg.kernels:chunk_gla)")
+FORMS = (
+    f"one of {list(BUILTIN)}, mutant:NAME, or a candidate NAME=FRAMEWORK:MODULE:FUNCTION "
+    f"(FRAMEWORK one of {list(FRAMEWORKS)}, e.g. mine=jax:my_pkg.kernels:chunk_gla)"
+)
 RUNS_ON_JAX = "tpu, or TPU interpret mode on a CPU (matmuls under the TPU numerics model)"
 
 
@@ -43,6 +46,7 @@ class BackendSpec:
     """A parsed backend spec. name: the record's "backend" and its folder; side: one of SIDES;
     kind: one of KINDS; implementation: MODULE:FUNCTION for a candidate, the kernel set or
     mutant name otherwise; runs_on: where it runs, in words; text: the spec as given."""
+
     text: str
     name: str
     side: str
@@ -78,6 +82,7 @@ class KernelCall:
     calling): framework 'jax' or 'torch', the function's module and name, chunk_size, the
     value passed as `chunk_size=` (None: not passed; the kernel uses its own), and whether
     cu_seqlens is passed as int64 (FLA's kernels want torch.long) rather than int32."""
+
     framework: str
     module: str
     function: str
@@ -91,17 +96,31 @@ def parse_backend_spec(text: str) -> BackendSpec:
     if not isinstance(text, str) or not text:
         raise SpecError(f"backend spec {text!r}: expected {FORMS}")
     if text == "oracle":
-        return BackendSpec(text, "oracle", "oracle", "oracle", "references (float64 recurrence, jax autodiff)",
-                           "cpu (float64)")
+        return BackendSpec(
+            text, "oracle", "oracle", "oracle", "references (float64 recurrence, jax autodiff)", "cpu (float64)"
+        )
     if text == REFERENCE:
-        return BackendSpec(text, REFERENCE, "reference", "fla", "fla.ops chunk kernels (Triton)",
-                           "cuda, or the Triton interpreter on a CPU")
+        return BackendSpec(
+            text,
+            REFERENCE,
+            "reference",
+            "fla",
+            "fla.ops chunk kernels (Triton)",
+            "cuda, or the Triton interpreter on a CPU",
+        )
     if text in ("pallas", "pallas-fused"):
-        return BackendSpec(text, text, "candidate", "kernels_jax",
-                           "kernels_jax " + ("fused" if text == "pallas-fused" else "chunk") + " kernels", RUNS_ON_JAX)
+        return BackendSpec(
+            text,
+            text,
+            "candidate",
+            "kernels_jax",
+            "kernels_jax " + ("fused" if text == "pallas-fused" else "chunk") + " kernels",
+            RUNS_ON_JAX,
+        )
     if text.startswith(MUTANT_PREFIX):
         from .mutants.catalogue import BY_NAME
-        mutant = text[len(MUTANT_PREFIX):]
+
+        mutant = text[len(MUTANT_PREFIX) :]
         if mutant not in BY_NAME:
             raise SpecError(f"unknown mutant {text!r}: expected mutant:NAME with NAME one of {sorted(BY_NAME)}")
         return BackendSpec(text, f"mutant-{mutant}", "candidate", "mutant", mutant, RUNS_ON_JAX)
@@ -109,15 +128,21 @@ def parse_backend_spec(text: str) -> BackendSpec:
         raise SpecError(f"unknown backend {text!r}: expected {FORMS}")
     m = CANDIDATE_RE.match(text)
     if not m:
-        raise SpecError(f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla")
+        raise SpecError(
+            f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
+        )
     if not NAME_RE.fullmatch(m["name"]):
-        raise SpecError(f"--candidate {text!r}: NAME {m['name']!r} is not allowed: expected 1 to 64 of "
-                        "A-Z a-z 0-9 _ . + -, starting with a letter or digit")
+        raise SpecError(
+            f"--candidate {text!r}: NAME {m['name']!r} is not allowed: expected 1 to 64 of "
+            "A-Z a-z 0-9 _ . + -, starting with a letter or digit"
+        )
     if m["fw"] not in FRAMEWORKS:
         raise SpecError(f"--candidate {text!r}: FRAMEWORK {m['fw']!r} is not one of {list(FRAMEWORKS)}")
     if m["name"] in BUILTIN or m["name"].startswith("mutant-"):
-        raise SpecError(f"--candidate {text!r}: NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)} "
-                        "or a mutant (mutant-*)")
+        raise SpecError(
+            f"--candidate {text!r}: NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)} "
+            "or a mutant (mutant-*)"
+        )
     runs_on = "cuda, or torch on a CPU" if m["fw"] == "torch" else RUNS_ON_JAX
     return BackendSpec(text, m["name"], "candidate", f"candidate-{m['fw']}", f"{m['module']}:{m['func']}", runs_on)
 

@@ -9,18 +9,19 @@ u(dtype) is the unit roundoff of the precision the reference really computes in,
 tolerances.json ("unit"): float32 2^-11 (a GPU's float32 matmuls run on tensor cores in TF32, 10
 explicit mantissa bits), bfloat16 2^-8, float16 2^-11; so a coefficient reads as "so many
 roundoffs of the arithmetic FLA used". Every op, tensor and dtype has its own entry (no dtype
-falls back to another's; a missing entry is a KeyError naming it). The sqrt(K) factor is the length of the q.k reductions; sqrt(chunk) the
-length of the intra-chunk reductions; the log term the slow growth of error through the
-chunk-to-chunk state recurrence (rel_rms is normalised, so it does not grow linearly with
-T). `tensor` groups: o, ht, dq, dk, dv, dg, dg_gamma, dbeta, dh0 each have their own
-coefficient, because gradients accumulate differently (dg and dg_gamma are sums with
-cancellation and carry the largest relative error).
+falls back to another's; a missing entry is a KeyError naming it). The sqrt(K) factor is the
+length of the q.k reductions; sqrt(chunk) the length of the intra-chunk reductions; the log
+term the slow growth of error through the chunk-to-chunk state recurrence (rel_rms is
+normalised, so it does not grow linearly with T). `tensor` groups: o, ht, dq, dk, dv, dg,
+dg_gamma, dbeta, dh0 each have their own coefficient, because gradients accumulate
+differently (dg and dg_gamma are sums with cancellation and carry the largest relative error).
 
 `parity calibrate DIR` fits coef from the reference-side (FLA) epsilons of a run:
 coef = MARGIN * max(eps / (u(dtype) * growth)) over that run's cases, per op, tensor and dtype,
 keeps the old coefficient where the run has no sample, and writes tolerances.json with a
 new version. Every verdict records TOL_VERSION.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,7 @@ import numpy as np
 
 TOL_FILE = Path(__file__).with_name("tolerances.json")
 MARGIN = 4.0
-NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-             "float16": np.dtype(np.float16)}
+NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 # tensors computed from float32-only inputs (gates, states) are float32 whatever the case dtype
 FP32_OUTPUTS = ("ht", "dh0", "dg", "dg_gamma", "dbeta")
 
@@ -44,14 +44,17 @@ def _load() -> dict:
 
 _TABLE = _load()
 TOL_VERSION: str = _TABLE["version"]
-UNIT: dict[str, float] = _TABLE["unit"]   # dtype -> unit roundoff of the reference's arithmetic
+UNIT: dict[str, float] = _TABLE["unit"]  # dtype -> unit roundoff of the reference's arithmetic
 # dtype -> unit roundoff of the dtype itself: the floor of any tolerance on a tensor returned in it
-ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 
 
 def growth(case) -> float:
-    return (math.sqrt(case.K / 64) * math.sqrt(case.chunk_size / 64)
-            * (1 + 0.5 * math.log2(max(1.0, case.T / case.chunk_size))))
+    return (
+        math.sqrt(case.K / 64)
+        * math.sqrt(case.chunk_size / 64)
+        * (1 + 0.5 * math.log2(max(1.0, case.T / case.chunk_size)))
+    )
 
 
 def coef(case, tensor: str, table: dict | None = None) -> float:
@@ -59,8 +62,9 @@ def coef(case, tensor: str, table: dict | None = None) -> float:
     try:
         return table["coef"][case.op][tensor][case.dtype]
     except KeyError:
-        raise KeyError(f"tolerances.json has no coefficient for op {case.op!r}, tensor {tensor!r}, "
-                       f"dtype {case.dtype!r}") from None
+        raise KeyError(
+            f"tolerances.json has no coefficient for op {case.op!r}, tensor {tensor!r}, dtype {case.dtype!r}"
+        ) from None
 
 
 def tol(case, tensor: str) -> float:

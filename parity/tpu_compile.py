@@ -25,6 +25,7 @@ A Pallas candidate whose compiled module holds no Mosaic kernel (interpret mode 
 seed 003) fails with that reason. `cost_analysis()` is not reported: it is not meaningful
 for Mosaic custom calls.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,8 @@ import re
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from cases import Case, input_shapes, storage_dtype
 
@@ -64,11 +65,15 @@ def parse_targets(text: str | None) -> tuple[str, ...]:
         return ()
     bad = [t for t in names if t not in TARGETS]
     if bad:
-        raise ValueError(f"--tpu-targets {text!r}: {bad[0]!r} is not a target: expected 'none' or a "
-                         f"comma-separated list of {list(TARGETS)}")
+        raise ValueError(
+            f"--tpu-targets {text!r}: {bad[0]!r} is not a target: expected 'none' or a "
+            f"comma-separated list of {list(TARGETS)}"
+        )
     if libtpu_version() is None:
-        raise ValueError(f"--tpu-targets {text!r}: libtpu is not installed (pip install 'jax[tpu]', "
-                         "the version jax pins), so nothing can compile for TPU here; use --tpu-targets none")
+        raise ValueError(
+            f"--tpu-targets {text!r}: libtpu is not installed (pip install 'jax[tpu]', "
+            "the version jax pins), so nothing can compile for TPU here; use --tpu-targets none"
+        )
     return tuple(dict.fromkeys(names))
 
 
@@ -78,6 +83,7 @@ def default_targets() -> tuple[str, ...]:
     if libtpu_version() is None:
         return ()
     from kernels_jax.common.platform import on_tpu
+
     return () if on_tpu() else DEFAULT_TARGETS
 
 
@@ -100,10 +106,12 @@ def device(target: str):
     """A compile-only device of the target's topology."""
     _dump_dir()
     from parity import tpu_attached
+
     if not tpu_attached():
         # compile-only: several processes (parallel workers) may hold libtpu at once
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
+
     return topologies.get_topology_desc(topology_name=TARGETS[target], platform="tpu").devices[0]
 
 
@@ -113,6 +121,7 @@ def program_structs(case: Case, fn: Callable, sharding):
     import jax
 
     from .backends.calling import cotangent_names, differentiable_inputs, jax_program
+
     shapes = input_shapes(case)
     struct = lambda n: jax.ShapeDtypeStruct(shapes[n], storage_dtype(case, n), sharding=sharding)
     diff = {n: struct(n) for n in differentiable_inputs(case, shapes)}
@@ -120,12 +129,14 @@ def program_structs(case: Case, fn: Callable, sharding):
     return jax_program(fn, case), diff, cot
 
 
-def compile_case(fn: Callable, case: Case, target: str, *, context: Callable = contextlib.nullcontext,
-                 expect_mosaic: bool = True) -> dict:
+def compile_case(
+    fn: Callable, case: Case, target: str, *, context: Callable = contextlib.nullcontext, expect_mosaic: bool = True
+) -> dict:
     """Compile the case's program through fn for one TPU target (see the module docstring)."""
     import jax
 
     from kernels_jax.common.platform import compile_for_tpu
+
     t0 = time.perf_counter()
     out: dict = {"target": target, "topology": TARGETS[target], "ok": False}
     before: set[Path] = set()
@@ -148,19 +159,27 @@ def compile_case(fn: Callable, case: Case, target: str, *, context: Callable = c
     out["memory"] = _memory(compiled)
     new = _dump_files() - before
     try:
-        out["mosaic"] = {name: info for path in sorted(new) if path.name.endswith("post-lower-to-llo.txt")
-                         for name, info in [parse_llo(path.read_text())]}
+        out["mosaic"] = {
+            name: info
+            for path in sorted(new)
+            if path.name.endswith("post-lower-to-llo.txt")
+            for name, info in [parse_llo(path.read_text())]
+        }
         if out["kernels"] and not out["mosaic"]:
-            raise LloFormatError(f"no post-lower-to-llo module was written under {_dump_dir()} "
-                                 f"(LIBTPU_INIT_ARGS={os.environ.get('LIBTPU_INIT_ARGS', '')!r})")
+            raise LloFormatError(
+                f"no post-lower-to-llo module was written under {_dump_dir()} "
+                f"(LIBTPU_INIT_ARGS={os.environ.get('LIBTPU_INIT_ARGS', '')!r})"
+            )
         out["numerics"] = numerics_check(model_matmuls(traced.jaxpr), out["mosaic"])
     except LloFormatError as e:
         out["numerics"] = {"error": f"{e} (libtpu {libtpu_version()})"}
     finally:
         _clear_dumps(new)
     if expect_mosaic and not out["kernels"]:
-        out["error"] = ("no Mosaic kernel in the compiled TPU module: the Pallas kernel did not compile "
-                        "for TPU (interpret mode left on? seed 003)")
+        out["error"] = (
+            "no Mosaic kernel in the compiled TPU module: the Pallas kernel did not compile "
+            "for TPU (interpret mode left on? seed 003)"
+        )
         out["error_op"] = None
         return out
     out["ok"] = True
@@ -192,8 +211,7 @@ def _memory(compiled) -> dict:
         m = compiled.memory_analysis()
     except Exception:  # noqa: BLE001 - not every backend exposes it
         return {}
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-              "generated_code_size_in_bytes")
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "generated_code_size_in_bytes")
     return {f: int(getattr(m, f)) for f in fields if hasattr(m, f)}
 
 
@@ -220,13 +238,18 @@ _MATMUL = re.compile(r'llo\.vmatmul(?:\.\w+)*"\([^)]*\)\s*<\{([^}]*)\}')
 def parse_llo(text: str) -> tuple[str, dict]:
     """(kernel name, {vmem_bytes, weight_loads, matmuls: {class: instructions}}) of one
     post-lower-to-llo module."""
-    m = re.search(r"func\.func @([\w.$-]+)\(([^{]*?)\)\s*attributes", text, re.S) or \
-        re.search(r"func\.func @([\w.$-]+)\((.*?)\{", text, re.S)
+    m = re.search(r"func\.func @([\w.$-]+)\(([^{]*?)\)\s*attributes", text, re.S) or re.search(
+        r"func\.func @([\w.$-]+)\((.*?)\{", text, re.S
+    )
     if not m:
         raise LloFormatError("no func.func in Mosaic's post-lower-to-llo module")
-    head = text[m.start():text.find("\n", m.end())]
-    vmem = sum(_memref_bytes(shape, elem, tile) for shape, elem, tile in re.findall(
-        r"memref<([\dx]+)x(\w+),\s*#tpu\.tiled<\(([\d,]+)\)[^>]*>,\s*#tpu\.memory_space<vmem>>", head))
+    head = text[m.start() : text.find("\n", m.end())]
+    vmem = sum(
+        _memref_bytes(shape, elem, tile)
+        for shape, elem, tile in re.findall(
+            r"memref<([\dx]+)x(\w+),\s*#tpu\.tiled<\(([\d,]+)\)[^>]*>,\s*#tpu\.memory_space<vmem>>", head
+        )
+    )
     classes: Counter = Counter()
     for attrs in _MATMUL.findall(text):
         fmt = re.search(r"matmul_data_format<(\w+)>", attrs)
@@ -236,8 +259,11 @@ def parse_llo(text: str) -> tuple[str, dict]:
         classes[_matmul_class(fmt.group(1), mode.group(1))] += 1
     if "llo.vmatmul" in text and not classes:
         raise LloFormatError("llo.vmatmul present but none parsed")
-    return m.group(1), {"vmem_bytes": vmem, "weight_loads": text.count('llo.vdwg"'),
-                        "matmuls": dict(sorted(classes.items()))}
+    return m.group(1), {
+        "vmem_bytes": vmem,
+        "weight_loads": text.count('llo.vdwg"'),
+        "matmuls": dict(sorted(classes.items())),
+    }
 
 
 def _matmul_class(data_format: str, mode: str) -> str:
@@ -272,6 +298,7 @@ def model_matmuls(closed_jaxpr) -> dict[str, dict[str, int]]:
     from jax._src.interpreters import mlir
 
     from . import tpu_numerics
+
     out: dict[str, Counter] = {}
     for eqn in _walk(closed_jaxpr.jaxpr):
         if eqn.primitive.name != "pallas_call":
@@ -289,6 +316,7 @@ def model_matmuls(closed_jaxpr) -> dict[str, dict[str, int]]:
 
 def _walk(jaxpr):
     from jax._src import core
+
     for eqn in jaxpr.eqns:
         yield eqn
         for sub in core.jaxprs_in_params(eqn.params):
@@ -305,8 +333,11 @@ def numerics_check(model: dict, compiled: dict) -> dict:
         want = set((model.get(name) or {}).keys())
         got = set(((compiled.get(name) or {}).get("matmuls") or {}).keys())
         agree = want == got
-        kernels[name] = {"model": model.get(name, {}), "compiled": (compiled.get(name) or {}).get("matmuls", {}),
-                         "agree": agree}
+        kernels[name] = {
+            "model": model.get(name, {}),
+            "compiled": (compiled.get(name) or {}).get("matmuls", {}),
+            "agree": agree,
+        }
         if not agree:
             mismatches.append(f"{name}: model {sorted(want) or 'no dots'}, compiled {sorted(got) or 'no MXU matmul'}")
     return {"model": "tpu-mxu-v1", "kernels": kernels, "mismatches": mismatches}
@@ -319,12 +350,23 @@ def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id
 
     from . import tpu_numerics
     from .records import base_record, compile_repro_command
-    results = {t: compile_case(subject.fn, case, t, context=subject.context, expect_mosaic=subject.expect_mosaic)
-               for t in targets}
+
+    results = {
+        t: compile_case(subject.fn, case, t, context=subject.context, expect_mosaic=subject.expect_mosaic)
+        for t in targets
+    }
     rec = base_record(case, spec, backend, "candidate", "", run_id)
-    rec.update(kind="compile", implementation=subject.implementation, repro=compile_repro_command(case.id, spec, targets),
-               program="fwd+bwd" if case.backward else "fwd", libtpu=libtpu_version(), jax=jax.__version__,
-               numerics=tpu_numerics.active(), targets=results, verdict=compile_verdict(results))
+    rec.update(
+        kind="compile",
+        implementation=subject.implementation,
+        repro=compile_repro_command(case.id, spec, targets),
+        program="fwd+bwd" if case.backward else "fwd",
+        libtpu=libtpu_version(),
+        jax=jax.__version__,
+        numerics=tpu_numerics.active(),
+        targets=results,
+        verdict=compile_verdict(results),
+    )
     return rec
 
 
@@ -333,8 +375,10 @@ def compile_verdict(results: dict) -> str:
     matmuls disagree with the numerics model (or could not be read); pass otherwise."""
     if any(not r["ok"] for r in results.values()):
         return "compile-error"
-    if any(r.get("numerics", {}).get("mismatches") or "error" in r.get("numerics", {"error": "missing"})
-           for r in results.values()):
+    if any(
+        r.get("numerics", {}).get("mismatches") or "error" in r.get("numerics", {"error": "missing"})
+        for r in results.values()
+    ):
         return "numerics-mismatch"
     return "pass"
 
@@ -342,6 +386,7 @@ def compile_verdict(results: dict) -> str:
 # ------------------------------------------------------------------ many cases (`parity compile`)
 def _compile_task(case_dict: dict, spec: str, targets: tuple[str, ...], out_dir: str, run_id: str) -> dict | None:
     from .runner import compile_for_targets
+
     return compile_for_targets(Case.from_dict(case_dict), spec, _backend(spec), targets, Path(out_dir), run_id)
 
 
@@ -349,11 +394,13 @@ def _compile_task(case_dict: dict, spec: str, targets: tuple[str, ...], out_dir:
 def _backend(spec: str):
     """One backend per spec and process."""
     from .backends import make_backend
+
     return make_backend(spec)
 
 
-def compile_suite(cases: list[Case], specs: list[str], targets: tuple[str, ...], out_dir: Path,
-                  jobs: int = 1) -> list[dict]:
+def compile_suite(
+    cases: list[Case], specs: list[str], targets: tuple[str, ...], out_dir: Path, jobs: int = 1
+) -> list[dict]:
     """Compile every (case, candidate) for the targets in `jobs` spawned processes; the compile
     records (also written under out_dir), in case order. Nothing executes."""
     import concurrent.futures as cf
@@ -362,6 +409,7 @@ def compile_suite(cases: list[Case], specs: list[str], targets: tuple[str, ...],
 
     from .backends import Unsupported, backend_name
     from .manifest import write_manifest
+
     run_id = "compile-" + uuid.uuid4().hex[:10]
     # what is meant to be compiled, written before anything compiles (the gate refuses what is missing)
     expected = []
@@ -373,8 +421,15 @@ def compile_suite(cases: list[Case], specs: list[str], targets: tuple[str, ...],
             except Unsupported:
                 continue
             expected.append((c.id, backend_name(spec)))
-    write_manifest(out_dir, run_id, "parity compile", [c.id for c in cases], [backend_name(s) for s in specs],
-                   tpu_targets=targets, compiles=expected)
+    write_manifest(
+        out_dir,
+        run_id,
+        "parity compile",
+        [c.id for c in cases],
+        [backend_name(s) for s in specs],
+        tpu_targets=targets,
+        compiles=expected,
+    )
     tasks = [(c.to_dict(), s, tuple(targets), str(out_dir), run_id) for c in cases for s in specs]
     if jobs <= 1:
         done = [_compile_task(*t) for t in tasks]
@@ -388,16 +443,21 @@ def format_compile_table(records: list[dict], verbose: bool = False) -> str:
     """One line per (case, candidate): ok or the first error per target; with verbose, each
     kernel's MXU matmul classes per target and whether the numerics model agrees."""
     from .gate import compile_problems
+
     lines = []
     for r in records:
-        cells = "  ".join(f"{t}:{'ok' if x['ok'] else 'ERROR'}({x.get('seconds', 0):.1f}s)" for t, x in r["targets"].items())
+        cells = "  ".join(
+            f"{t}:{'ok' if x['ok'] else 'ERROR'}({x.get('seconds', 0):.1f}s)" for t, x in r["targets"].items()
+        )
         lines.append(f"{r['case_id']} [{r['backend']}] {r['verdict']}  {cells}")
         lines += [f"    {p}" for p in compile_problems(r)]
         if verbose:
             for t, x in r["targets"].items():
                 for kernel, k in (x.get("mosaic") or {}).items():
                     agree = (x.get("numerics", {}).get("kernels", {}).get(kernel) or {}).get("agree")
-                    lines.append(f"    {t} {kernel}: vmem {k['vmem_bytes'] / 1024:.0f} KiB, weight loads "
-                                 f"{k['weight_loads']}, matmuls {k['matmuls'] or 'none'}; model "
-                                 f"{'agrees' if agree else 'DISAGREES'}")
+                    lines.append(
+                        f"    {t} {kernel}: vmem {k['vmem_bytes'] / 1024:.0f} KiB, weight loads "
+                        f"{k['weight_loads']}, matmuls {k['matmuls'] or 'none'}; model "
+                        f"{'agrees' if agree else 'DISAGREES'}"
+                    )
     return "\n".join(lines)

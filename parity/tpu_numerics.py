@@ -32,6 +32,7 @@ What it does not emulate (its limits, written down):
   treats every dot as an MXU dot; the compile check (`parity.tpu_compile`) reads the compiled
   module and reports where the two disagree.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,6 +65,7 @@ def activate(name: str) -> None:
     _install()
     if _state["model"] not in (None, name):
         import jax
+
         jax.clear_caches()
     _state["model"] = name
 
@@ -84,6 +86,7 @@ def passes(lhs_dtype, rhs_dtype, precision) -> int:
     """MXU passes of one dot on a TPU: 1, 3 or 6; 0 when it has no float32 operand (bf16 x bf16,
     float64, integers: not rewritten)."""
     import numpy as np
+
     f32 = np.dtype("float32")
     if f32 not in (np.dtype(lhs_dtype), np.dtype(rhs_dtype)):
         return 0
@@ -92,6 +95,7 @@ def passes(lhs_dtype, rhs_dtype, precision) -> int:
 
 def _precision_passes(precision) -> int:
     from jax import lax
+
     if precision is None:
         return 1
     if isinstance(precision, tuple):
@@ -99,8 +103,14 @@ def _precision_passes(precision) -> int:
     if isinstance(precision, lax.Precision):
         return {lax.Precision.DEFAULT: 1, lax.Precision.HIGH: 3, lax.Precision.HIGHEST: 6}[precision]
     name = getattr(precision, "name", str(precision)).upper()
-    presets = {"DEFAULT": 1, "BF16_BF16_F32": 1, "BF16_BF16_BF16": 1, "BF16_BF16_F32_X3": 3,
-               "BF16_BF16_F32_X6": 6, "F32_F32_F32": 6}
+    presets = {
+        "DEFAULT": 1,
+        "BF16_BF16_F32": 1,
+        "BF16_BF16_BF16": 1,
+        "BF16_BF16_F32_X3": 3,
+        "BF16_BF16_F32_X6": 6,
+        "F32_F32_F32": 6,
+    }
     if name not in presets:
         raise NotImplementedError(f"tpu-mxu-v1: dot algorithm {name} has no TPU model (known: {sorted(presets)})")
     return presets[name]
@@ -110,6 +120,7 @@ def _split(x, pieces: int):
     """x (float32) as `pieces` bfloat16-valued float32 terms (round to nearest even) whose sum
     approximates x, largest first."""
     import jax.numpy as jnp
+
     out, rest = [], x
     for _ in range(pieces):
         p = rest.astype(jnp.bfloat16).astype(jnp.float32)
@@ -119,8 +130,7 @@ def _split(x, pieces: int):
 
 
 # terms (i, j) of the split products each pass count sums, smallest first as XLA's bf16_nx do
-_TERMS = {1: [(0, 0)], 3: [(1, 0), (0, 1), (0, 0)],
-          6: [(2, 0), (0, 2), (1, 1), (1, 0), (0, 1), (0, 0)]}
+_TERMS = {1: [(0, 0)], 3: [(1, 0), (0, 1), (0, 0)], 6: [(2, 0), (0, 2), (1, 1), (1, 0), (0, 1), (0, 0)]}
 
 
 def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passes: int):
@@ -129,6 +139,7 @@ def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passe
     the rule bypassed (`_state["inner"]`), so each pass is XLA:CPU's own float32 dot."""
     import jax.numpy as jnp
     from jax import lax
+
     f32 = jnp.float32
     pieces = {1: 1, 3: 2, 6: 3}[n_passes]
     # a bfloat16 operand is exact already: one piece
@@ -138,8 +149,9 @@ def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passe
     for i, j in _TERMS[n_passes]:
         if i >= len(a) or j >= len(b):
             continue
-        part = lax.dot_general(a[i], b[j], dimension_numbers, precision=lax.Precision.HIGHEST,
-                               preferred_element_type=f32)
+        part = lax.dot_general(
+            a[i], b[j], dimension_numbers, precision=lax.Precision.HIGHEST, preferred_element_type=f32
+        )
         total = part if total is None else total + part
     out_dtype = preferred_element_type or jnp.result_type(lhs, rhs)
     return total.astype(out_dtype)
@@ -150,18 +162,25 @@ def _install() -> None:
         return
     from jax._src.interpreters import mlir
     from jax._src.lax import lax as lax_internal
+
     original = functools.partial(lax_internal._dot_general_lower, platform="cpu")
 
     def rule(ctx, lhs, rhs, *, dimension_numbers, precision, preferred_element_type, out_sharding=None, **kw):
         a_in, b_in = ctx.avals_in
         model_on = _state["model"] == "tpu-mxu-v1" and not _state["inner"]
         n = passes(a_in.dtype, b_in.dtype, precision) if model_on else 0
-        params = dict(dimension_numbers=dimension_numbers, precision=precision,
-                      preferred_element_type=preferred_element_type, out_sharding=out_sharding, **kw)
+        params = dict(
+            dimension_numbers=dimension_numbers,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+            **kw,
+        )
         if n == 0:
             return original(ctx, lhs, rhs, **params)
-        fn = functools.partial(emulated_dot, n_passes=n, dimension_numbers=dimension_numbers,
-                               preferred_element_type=preferred_element_type)
+        fn = functools.partial(
+            emulated_dot, n_passes=n, dimension_numbers=dimension_numbers, preferred_element_type=preferred_element_type
+        )
         _state["inner"] = True
         try:
             return mlir.lower_fun(fn, multiple_results=False)(ctx, lhs, rhs)

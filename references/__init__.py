@@ -4,6 +4,7 @@
 ORACLE_VERSION changes whenever the oracle's numerics change; results computed by
 different oracle versions are never compared.
 """
+
 from __future__ import annotations
 
 import numpy as np

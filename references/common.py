@@ -13,11 +13,12 @@ state after its last token. Nothing else crosses a boundary.
 Memory: the scan is split into blocks of `BLOCK` steps under `jax.checkpoint`, so the
 backward stores one state per block and recomputes inside a block.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,9 @@ def _shape(name, x, rank):
     return x.shape
 
 
-def validate(q, k, v, *, gates: dict[str, tuple[np.ndarray | None, tuple]], initial_state=None,
-             cu_seqlens=None) -> tuple[int, int, int, int, int, int]:
+def validate(
+    q, k, v, *, gates: dict[str, tuple[np.ndarray | None, tuple]], initial_state=None, cu_seqlens=None
+) -> tuple[int, int, int, int, int, int]:
     """Check shapes against FLA's layout; returns (B, T, H, K, V, N).
 
     gates maps an argument name to (array or None, expected shape with B/T/H/K symbols
@@ -130,8 +132,16 @@ def _scan(step: StepFn, xs: dict, h0, seg, start, end, *, varlen: bool, N: int):
     return o.reshape((nblk * BLOCK,) + o.shape[2:])[:T], ht
 
 
-def run_recurrence(step: StepFn, token_inputs: dict[str, np.ndarray], initial_state, cu_seqlens,
-                   shape_BTHKVN, *, cotangents: tuple | None = None, extra: dict | None = None):
+def run_recurrence(
+    step: StepFn,
+    token_inputs: dict[str, np.ndarray],
+    initial_state,
+    cu_seqlens,
+    shape_BTHKVN,
+    *,
+    cotangents: tuple | None = None,
+    extra: dict | None = None,
+):
     """Forward (and, given cotangents (do, dht), the vjp) of a recurrence in float64.
 
     token_inputs: per-token arrays [B, T, H, ...], passed to `step` by name.
@@ -146,8 +156,11 @@ def run_recurrence(step: StepFn, token_inputs: dict[str, np.ndarray], initial_st
     with float64():
         tok = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in token_inputs.items()}
         ext = {n: jnp.asarray(np.asarray(a, np.float64)) for n, (a, _, _) in extra.items()}
-        h0 = (jnp.zeros((N, H, K, V), jnp.float64) if initial_state is None
-              else jnp.asarray(np.asarray(initial_state, np.float64)))
+        h0 = (
+            jnp.zeros((N, H, K, V), jnp.float64)
+            if initial_state is None
+            else jnp.asarray(np.asarray(initial_state, np.float64))
+        )
 
         def fwd(tok, ext, h0):
             full = dict(tok)

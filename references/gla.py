@@ -5,6 +5,7 @@ Per sequence, head h, with S_0 = initial_state (or 0), S_t in R^{K x V}:
     o_t = scale * q_t S_t                            scale defaults to K ** -0.5
 Shapes: q, k, g [B, T, H, K]; v [B, T, H, V]; state [N, H, K, V].
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ def _prepare(q, k, v, g, scale, initial_state, cu_seqlens):
         raise ValueError("g [B, T, H, K] is required")
     dims = validate(q, k, v, gates={"g": (g, np.shape(q))}, initial_state=initial_state, cu_seqlens=cu_seqlens)
     B, T, H, K = dims[:4]
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     return dims, {"q": q, "k": k, "v": v, "g": g, "scale": np.full((B, T, H), scale)}
 
 
@@ -39,5 +40,4 @@ def forward_backward(q, k, v, g, scale=None, initial_state=None, cu_seqlens=None
     """Returns dict o, ht, dq, dk, dv, dg, dh0 (float64 numpy); dht None means 0."""
     dims, tok = _prepare(q, k, v, g, scale, initial_state, cu_seqlens)
     o, ht, gr = run_recurrence(step, tok, initial_state, cu_seqlens, dims, cotangents=(do, dht))
-    return {"o": o, "ht": ht, "dq": gr["q"], "dk": gr["k"], "dv": gr["v"], "dg": gr["g"],
-            "dh0": gr["initial_state"]}
+    return {"o": o, "ht": ht, "dq": gr["q"], "dk": gr["k"], "dv": gr["v"], "dg": gr["g"], "dh0": gr["initial_state"]}

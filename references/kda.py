@@ -9,6 +9,7 @@ prediction k_t S' towards v_t with learning rate beta_t. q and k are used as giv
 harness passes them L2-normalised, as FLA's tests do).
 Shapes: q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [N, H, K, V].
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -29,8 +30,14 @@ def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens):
     if g is None or beta is None:
         raise ValueError("g [B, T, H, K] and beta [B, T, H] are required")
     B, T, H = np.shape(q)[:3]
-    dims = validate(q, k, v, gates={"g": (g, np.shape(q)), "beta": (beta, (B, T, H))},
-                    initial_state=initial_state, cu_seqlens=cu_seqlens)
+    dims = validate(
+        q,
+        k,
+        v,
+        gates={"g": (g, np.shape(q)), "beta": (beta, (B, T, H))},
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
     scale = dims[3] ** -0.5 if scale is None else scale
     return dims, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "scale": np.full((B, T, H), scale)}
 
@@ -46,5 +53,13 @@ def forward_backward(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlen
     """Returns dict o, ht, dq, dk, dv, dg, dbeta, dh0 (float64 numpy); dht None means 0."""
     dims, tok = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     o, ht, gr = run_recurrence(step, tok, initial_state, cu_seqlens, dims, cotangents=(do, dht))
-    return {"o": o, "ht": ht, "dq": gr["q"], "dk": gr["k"], "dv": gr["v"], "dg": gr["g"],
-            "dbeta": gr["beta"], "dh0": gr["initial_state"]}
+    return {
+        "o": o,
+        "ht": ht,
+        "dq": gr["q"],
+        "dk": gr["k"],
+        "dv": gr["v"],
+        "dg": gr["g"],
+        "dbeta": gr["beta"],
+        "dh0": gr["initial_state"],
+    }

@@ -5,6 +5,7 @@ Per sequence, head h, with S_0 = initial_state (or 0), S_t in R^{K x V}:
     o_t = scale * q_t S_t                          scale defaults to K ** -0.5
 Shapes: q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H]; g_gamma [H]; state [N, H, K, V].
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -25,8 +26,14 @@ def _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens):
     if g is None and g_gamma is None:
         raise ValueError("one of g [B, T, H] or g_gamma [H] is required")
     B, T, H = np.shape(q)[:3]
-    dims = validate(q, k, v, gates={"g": (g, (B, T, H)), "g_gamma": (g_gamma, (H,))},
-                    initial_state=initial_state, cu_seqlens=cu_seqlens)
+    dims = validate(
+        q,
+        k,
+        v,
+        gates={"g": (g, (B, T, H)), "g_gamma": (g_gamma, (H,))},
+        initial_state=initial_state,
+        cu_seqlens=cu_seqlens,
+    )
     scale = dims[3] ** -0.5 if scale is None else scale
     tok = {"q": q, "k": k, "v": v, "scale": np.full((B, T, H), scale)}
     extra = {}
@@ -37,16 +44,14 @@ def _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens):
     return dims, tok, extra
 
 
-def forward(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-            cu_seqlens=None):
+def forward(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Returns (o [B, T, H, V], final_state [N, H, K, V] or None), float64 numpy."""
     dims, tok, extra = _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens)
     o, ht = run_recurrence(step, tok, initial_state, cu_seqlens, dims, extra=extra)
     return o, (ht if output_final_state else None)
 
 
-def forward_backward(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, cu_seqlens=None, *,
-                     do, dht=None):
+def forward_backward(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, cu_seqlens=None, *, do, dht=None):
     """Returns dict o, ht, dq, dk, dv, dg or dg_gamma, dh0 (float64 numpy); dht None means 0."""
     dims, tok, extra = _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens)
     o, ht, gr = run_recurrence(step, tok, initial_state, cu_seqlens, dims, extra=extra, cotangents=(do, dht))

@@ -1,4 +1,5 @@
 """Shared test helpers: run the harness in-process on small cases, build records."""
+
 from __future__ import annotations
 
 import copy
@@ -23,6 +24,7 @@ def _libtpu_missing() -> str | None:
     import os
 
     from parity.tpu_compile import libtpu_version
+
     if libtpu_version() is not None or os.environ.get("CI"):
         return None
     return "libtpu is not installed (pip install 'jax[tpu]' at jax's own version): no TPU compiler here"
@@ -36,15 +38,28 @@ def run(cases, backends, out: Path, **kw) -> dict:
     return run_cases(list(cases), RunConfig(out_dir=out, backends=list(backends), progress=False, **kw))
 
 
-def record_from_tensors(case: Case, backend: str, side: str, tensors: dict[str, np.ndarray],
-                        platform: str = "test") -> dict:
+def record_from_tensors(
+    case: Case, backend: str, side: str, tensors: dict[str, np.ndarray], platform: str = "test"
+) -> dict:
     """A result record for `tensors`, compared against the real oracle by the real comparator."""
     inputs = make_inputs(case)
     oracle = cached_oracle(case, inputs)[0]
-    res = BackendResult(backend=backend, side=side, status="ok", tensors=tensors, platform=platform,
-                        implementation="test", wall_time_s=0.0)
-    spec = backend if backend in BUILTIN else BackendSpec(f"{backend}=jax:tests.helpers:fixture", backend, side,
-                                                          "candidate-jax", "tests.helpers:fixture", platform)
+    res = BackendResult(
+        backend=backend,
+        side=side,
+        status="ok",
+        tensors=tensors,
+        platform=platform,
+        implementation="test",
+        wall_time_s=0.0,
+    )
+    spec = (
+        backend
+        if backend in BUILTIN
+        else BackendSpec(
+            f"{backend}=jax:tests.helpers:fixture", backend, side, "candidate-jax", "tests.helpers:fixture", platform
+        )
+    )
     return _record(case, spec, res, oracle, input_hash(inputs), "test")
 
 
@@ -76,6 +91,7 @@ def assert_matches_oracle(case: Case, tensors: dict[str, np.ndarray]) -> None:
     """Every output and gradient the case asks for is present and passes the comparator
     (finite, rel_rms within tol) against the float64 oracle."""
     from parity.compare import compare_tensor
+
     oracle = cached_oracle(case, make_inputs(case))[0]
     assert set(tensors) == set(case.output_names())
     failures = {}

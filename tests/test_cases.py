@@ -1,4 +1,5 @@
 """The case registry: ids, validation, deterministic inputs, suites, case files."""
+
 import collections
 import json
 import subprocess
@@ -26,12 +27,22 @@ def test_id_is_readable():
     assert c.id == "simple_gla-fwdbwd-B2-T256-H4-K128-V128-bf16-C128-gamma_alibi-h0-ht"
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(op="mamba"), "op"), (dict(dtype="int8"), "dtype"), (dict(chunk_size=48), "chunk_size"),
-    (dict(gate="gamma_alibi", op="gla"), "gate"), (dict(gate_params={"bogus": 1}), "gate_params"),
-    (dict(T=0), "T"), (dict(K=0), "K"), (dict(seqlens=(10, 20)), "seqlens"),
-    (dict(seqlens=(32, 32), B=2), "B"), (dict(direction="bwd"), "direction"), (dict(scale=-1.0), "scale"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(op="mamba"), "op"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(chunk_size=48), "chunk_size"),
+        (dict(gate="gamma_alibi", op="gla"), "gate"),
+        (dict(gate_params={"bogus": 1}), "gate_params"),
+        (dict(T=0), "T"),
+        (dict(K=0), "K"),
+        (dict(seqlens=(10, 20)), "seqlens"),
+        (dict(seqlens=(32, 32), B=2), "B"),
+        (dict(direction="bwd"), "direction"),
+        (dict(scale=-1.0), "scale"),
+    ],
+)
 def test_invalid_case_names_field_and_allowed_values(kwargs, field):
     base = dict(op="simple_gla", B=1, T=64, H=2, K=64, V=64)
     with pytest.raises(CaseError, match=rf"Case\.{field}=.*expected"):
@@ -39,8 +50,11 @@ def test_invalid_case_names_field_and_allowed_values(kwargs, field):
 
 
 def test_bad_ids_get_clear_errors():
-    for bad in ["simple_gla-fwd", "simple_gla-fwd-B1-T64-H2-K64-V64-fp8-C64-g_logsig",
-                "simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-zz"]:
+    for bad in [
+        "simple_gla-fwd",
+        "simple_gla-fwd-B1-T64-H2-K64-V64-fp8-C64-g_logsig",
+        "simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-zz",
+    ]:
         with pytest.raises(CaseError, match="case id"):
             Case.from_id(bad)
 
@@ -71,6 +85,7 @@ def test_same_bits_in_numpy_torch_and_jax():
     import torch
 
     from parity.backends.calling import from_torch, to_torch
+
     c = Case("simple_gla", 1, 64, 2, 64, 64, dtype="bfloat16", h0=True, ht=True)
     for name, a in make_inputs(c).items():
         t = to_torch(a)
@@ -103,6 +118,7 @@ def test_suites_cover_the_matrix():
     assert len(ci) >= 60 and len({c.id for c in ci}) == len(ci)
     combos = collections.Counter((c.op, c.direction, c.dtype, c.chunk_size, c.gate) for c in ci)
     from cases.suites import gates_for
+
     for op in ("simple_gla", "gla", "kda"):
         for d in ("fwd", "fwdbwd"):
             for dt in ("float32", "bfloat16"):
@@ -131,7 +147,9 @@ def test_unknown_suite():
 def test_cases_file_accepts_dicts_and_ids_and_validates(tmp_path):
     c = get_suite("smoke")[0]
     good = tmp_path / "good.json"
-    good.write_text(json.dumps([c.id, {"id": c.id, **c.to_dict()}, {"op": "gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64}]))
+    good.write_text(
+        json.dumps([c.id, {"id": c.id, **c.to_dict()}, {"op": "gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64}])
+    )
     assert [x.op for x in load_cases_file(good)] == ["simple_gla", "simple_gla", "gla"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"op": "gla", "B": 1, "T": 64, "H": 1, "K": 64, "V": 64, "dtype": "fp8"}]))
@@ -148,6 +166,7 @@ def test_real_model_head_dims_are_cases_on_every_op():
         assert any(c.K < c.V for c in mine) and any(c.K > c.V for c in mine)
         assert any(c.K % 64 or c.V % 64 for c in mine) and any(c.V == 512 for c in mine)
     from cases.models import label
+
     models = get_suite("models")
     assert all(label(c) for c in models) and len({label(c) for c in models}) == len(models)
     assert label(Case("gla", 1, 128, 4, 256, 512, dtype="bfloat16")).startswith("GLA-1.3B")
@@ -165,38 +184,64 @@ def test_any_head_dim_is_a_case_and_retnet_decay_is_fla_s():
 # ------------------------------------------------------------------ the strategies of parity fuzz
 def _boundary(**space):
     from cases.strategies import Space, boundary_case
+
     return boundary_case(Space(**{"op": "simple_gla", **space}))
 
 
-@pytest.mark.parametrize("what, predicate, smallest", [
-    ("a one-token tail", lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == 1,
-     dict(T=17, chunk_size=16, B=1, H=1)),
-    ("a tail one token short",
-     lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == c.chunk_size - 1,
-     dict(T=31, chunk_size=16)),
-    ("a length-1 sequence last", lambda c: c.seqlens is not None and c.seqlens[-1] == 1, dict(seqlens=(1, 1), T=2)),
-    ("a length-1 sequence in the middle", lambda c: c.seqlens is not None and len(c.seqlens) >= 3 and c.seqlens[1] == 1
-     and c.seqlens[0] > 1 and c.seqlens[2] > 1, dict(H=1)),
-    ("more than two heads", lambda c: c.H > 2, dict(H=3, B=1)),
-    ("K > V", lambda c: c.K > c.V, dict(K=16, V=8)),
-    ("K < V", lambda c: c.K < c.V, dict(K=8, V=16)),
-    ("a gate past the fp32 exp range", lambda c: c.gate == "gamma_stress" and c.gate_kwargs["mag"] * c.chunk_size > 88.7,
-     dict(gate="gamma_stress")),
-])
+@pytest.mark.parametrize(
+    "what, predicate, smallest",
+    [
+        (
+            "a one-token tail",
+            lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == 1,
+            dict(T=17, chunk_size=16, B=1, H=1),
+        ),
+        (
+            "a tail one token short",
+            lambda c: c.seqlens is None and c.T > c.chunk_size and c.T % c.chunk_size == c.chunk_size - 1,
+            dict(T=31, chunk_size=16),
+        ),
+        ("a length-1 sequence last", lambda c: c.seqlens is not None and c.seqlens[-1] == 1, dict(seqlens=(1, 1), T=2)),
+        (
+            "a length-1 sequence in the middle",
+            lambda c: (
+                c.seqlens is not None
+                and len(c.seqlens) >= 3
+                and c.seqlens[1] == 1
+                and c.seqlens[0] > 1
+                and c.seqlens[2] > 1
+            ),
+            dict(H=1),
+        ),
+        ("more than two heads", lambda c: c.H > 2, dict(H=3, B=1)),
+        ("K > V", lambda c: c.K > c.V, dict(K=16, V=8)),
+        ("K < V", lambda c: c.K < c.V, dict(K=8, V=16)),
+        (
+            "a gate past the fp32 exp range",
+            lambda c: c.gate == "gamma_stress" and c.gate_kwargs["mag"] * c.chunk_size > 88.7,
+            dict(gate="gamma_stress"),
+        ),
+    ],
+)
 def test_boundary_strategy_reaches_each_bias_and_shrinks_it(what, predicate, smallest):
     """hypothesis finds each bias (the search space reaches it) and shrinks to the smallest case with it."""
     from hypothesis import HealthCheck, find, settings
-    c = find(_boundary(), predicate, settings=settings(max_examples=2000, database=None, derandomize=True,
-                                                        suppress_health_check=list(HealthCheck)))
+
+    c = find(
+        _boundary(),
+        predicate,
+        settings=settings(max_examples=2000, database=None, derandomize=True, suppress_health_check=list(HealthCheck)),
+    )
     assert all(getattr(c, k) == v for k, v in smallest.items()), (what, c.id)
 
 
-@given(_boundary(max_elements=2 ** 14, dtypes=("bfloat16",), k_dims=(16, 64), v_dims=(128,)))
+@given(_boundary(max_elements=2**14, dtypes=("bfloat16",), k_dims=(16, 64), v_dims=(128,)))
 @settings(max_examples=150, deadline=None)
 def test_boundary_cases_are_valid_bounded_and_in_their_space(c):
     from cases.inputs import input_size
+
     assert Case.from_id(c.id) == c
-    assert input_size(c)[0] <= 2 ** 14
+    assert input_size(c)[0] <= 2**14
     assert c.dtype == "bfloat16" and c.K in (16, 64) and c.V == 128
 
 
@@ -206,11 +251,13 @@ def test_boundary_strategy_draws_only_where_applies_says():
     from hypothesis import settings as settings_
 
     from cases.strategies import Space, boundary_case
+
     seen = []
 
     @given_(boundary_case(Space(op="gla"), applies=lambda c: c.K == c.V and c.h0))
     @settings_(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     def draw(c):
         seen.append(c)
+
     draw()
     assert seen and all(c.K == c.V and c.h0 for c in seen)

@@ -1,4 +1,5 @@
 """The comparator, the tolerance model and the TPU <= GPU gate."""
+
 import json
 
 import ml_dtypes
@@ -46,7 +47,7 @@ def test_nan_where_oracle_is_finite_always_fails(oracle):
 
 def test_localisation_points_at_the_bad_sequence_and_chunk(oracle):
     x = oracle["o"].copy()
-    x[0, 31:128, 1] += 0.2 * np.abs(oracle["o"]).mean()   # only the third packed sequence, head 1
+    x[0, 31:128, 1] += 0.2 * np.abs(oracle["o"]).mean()  # only the third packed sequence, head 1
     m = compare_tensor(CASE, "o", x, oracle["o"])
     assert m["verdict"] == "fail-accuracy"
     assert m["localisation"]["pattern"] == "one-sequence" and m["localisation"]["sequence"] == 2
@@ -55,7 +56,7 @@ def test_localisation_points_at_the_bad_sequence_and_chunk(oracle):
 
 def test_localisation_names_the_sequences_a_state_leak_reaches(oracle):
     x = oracle["o"].copy()
-    x[0, 30:, 0] += 0.2 * np.abs(oracle["o"]).mean()   # sequences 1 and 2 (30:31, 31:128), not 0
+    x[0, 30:, 0] += 0.2 * np.abs(oracle["o"]).mean()  # sequences 1 and 2 (30:31, 31:128), not 0
     loc = compare_tensor(CASE, "o", x, oracle["o"])["localisation"]
     assert loc["pattern"] == "some-sequences" and loc["sequences"] == [1, 2] and loc["first_t"] == 30
     assert "sequences 1, 2" in describe_localisation(loc)
@@ -78,11 +79,11 @@ def test_localisation_finds_the_first_bad_token_and_head_and_nan():
     c = Case("simple_gla", 1, 192, 3, 64, 64)
     r = oracle_run(c.replace(direction="fwd"), make_inputs(c))["o"]
     x = r.copy()
-    x[0, 75:, 2] *= 1 + 100 * tol(c, "o")          # head 2 goes wrong from token 75 (chunk 1)
+    x[0, 75:, 2] *= 1 + 100 * tol(c, "o")  # head 2 goes wrong from token 75 (chunk 1)
     loc = compare_tensor(c, "o", x, r)["localisation"]
     assert (loc["first_chunk"], loc["first_t"], loc["head"], loc["against"]) == (1, 75, 2, "tol")
     x = r.copy()
-    x[0, 140, 1, 7] = np.nan                        # one NaN: chunk 2, token 140, head 1
+    x[0, 140, 1, 7] = np.nan  # one NaN: chunk 2, token 140, head 1
     m = compare_tensor(c, "o", x, r)
     assert m["verdict"] == "nan-inf"
     assert (m["localisation"]["first_chunk"], m["localisation"]["first_t"], m["localisation"]["head"]) == (2, 140, 1)
@@ -90,17 +91,17 @@ def test_localisation_finds_the_first_bad_token_and_head_and_nan():
 
 
 def test_state_localisation_names_the_sequence_and_head(oracle):
-    ht = oracle["ht"].copy()                        # [N=3, H=2, K, V]
-    ht[1, 0] *= 1.5                                  # sequence 1, head 0
+    ht = oracle["ht"].copy()  # [N=3, H=2, K, V]
+    ht[1, 0] *= 1.5  # sequence 1, head 0
     loc = compare_tensor(CASE, "ht", ht, oracle["ht"])["localisation"]
     assert loc == {"against": "tol", "sequence": 1, "head": 0, "pattern": "one-sequence"}
 
 
 def test_gate_gradient_localisation_names_the_head():
     c = Case("simple_gla", 1, 64, 3, 64, 64, gate="gamma_alibi")
-    r = oracle_run(c, make_inputs(c))["dg_gamma"]           # [H]
+    r = oracle_run(c, make_inputs(c))["dg_gamma"]  # [H]
     x = r.copy()
-    x[2] = 0.0                                               # a zero gradient in head 2 (seed 002's class)
+    x[2] = 0.0  # a zero gradient in head 2 (seed 002's class)
     m = compare_tensor(c, "dg_gamma", x, r)
     assert m["verdict"] == "fail-accuracy"
     assert m["localisation"] == {"against": "tol", "head": 2, "pattern": "one-head"}
@@ -120,7 +121,13 @@ def test_bound_failure_is_localised_against_the_reference_per_chunk_and_head():
     cand_rec = compare_tensor(c, "o", cand, r)
     assert cand_rec["verdict"] == ref_rec["verdict"] == "pass" and not bound(cand_rec, ref_rec)["ok"]
     loc = bound_localisation(c, "o", cand_rec, ref_rec, 1.0)
-    assert (loc["against"], loc["first_chunk"], loc["first_t"], loc["head"], loc["pattern"]) == ("bound", 1, 64, 1, "local")
+    assert (loc["against"], loc["first_chunk"], loc["first_t"], loc["head"], loc["pattern"]) == (
+        "bound",
+        1,
+        64,
+        1,
+        "local",
+    )
 
 
 def test_tolerance_grows_with_dtype_T_chunk_and_K():
@@ -141,9 +148,10 @@ def test_tolerances_in_reference_units_equal_the_old_formula():
 
     from cases import OPS
     from parity.tol import ROUNDOFF, UNIT, coef, output_dtype
+
     old = json.loads((Path(__file__).parent / "data" / "tolerances_v4_before_units.json").read_text())["coef"]
-    old_u = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
-    assert UNIT == {"float32": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+    old_u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+    assert UNIT == {"float32": 2.0**-11, "bfloat16": 2.0**-8, "float16": 2.0**-11}
     checked = 0
     for op in OPS:
         gate = "gamma_alibi" if op == "simple_gla" else "g_logsig"
@@ -163,6 +171,7 @@ def test_calibrate_fits_coefficients_and_bumps_the_version():
     eps = 3e-6
     table = calibrate([(c, "o", eps), (c, "o", eps / 2), (c, "dq", float("nan"))])
     from parity.tol import MARGIN, UNIT
+
     assert table["coef"]["gla"]["o"]["float32"] == pytest.approx(MARGIN * eps / (UNIT["float32"] * growth(c)), rel=1e-3)
     assert table["version"] != TOL_VERSION
     assert table["coef"]["gla"]["dq"] == json.loads(json.dumps(table["coef"]["gla"]["dq"]))  # unchanged without samples
@@ -170,7 +179,7 @@ def test_calibrate_fits_coefficients_and_bumps_the_version():
 
 def test_bound_uses_factor_and_floor():
     ref = {"rel_rms": 1e-3, "max_abs": 1e-2, "floor_rel": 1e-4, "floor_abs": 1e-3}
-    assert bound({"rel_rms": 1.05e-3, "max_abs": 1e-2}, ref)["ok"]          # within the floor
+    assert bound({"rel_rms": 1.05e-3, "max_abs": 1e-2}, ref)["ok"]  # within the floor
     assert not bound({"rel_rms": 2e-3, "max_abs": 1e-2}, ref)["ok"]
     assert bound({"rel_rms": 2e-3, "max_abs": 2e-2}, ref, factor=2.5)["ok"]
     assert not bound({"rel_rms": None, "max_abs": 1e-2, "nan": 3}, ref)["ok"]
@@ -228,9 +237,11 @@ def test_gate_refuses_tampered_hash_missing_side_and_other_versions(tmp_path, fl
     c = SMALL_BF16
     ref = record_from_tensors(c, "fla", "reference", fla_like)
     cand = record_from_tensors(c, "pallas", "candidate", fla_like)
-    for field, value, message in [("input_hash", "0" * 64, "input_hash differs"),
-                                  ("oracle_version", "999", "oracle_version differs"),
-                                  ("tol_version", "999", "tol_version differs")]:
+    for field, value, message in [
+        ("input_hash", "0" * 64, "input_hash differs"),
+        ("oracle_version", "999", "oracle_version differs"),
+        ("tol_version", "999", "tol_version differs"),
+    ]:
         bad = {**cand, field: value}
         with pytest.raises(GateRefusal, match=message):
             evaluate({c.id: {"fla": ref, "pallas": bad}})
@@ -245,6 +256,7 @@ def test_gate_refuses_tampered_hash_missing_side_and_other_versions(tmp_path, fl
 
 def test_gate_cli_exit_codes(tmp_path, fla_like):
     from parity.cli import main
+
     c = SMALL_BF16
     _write(tmp_path / "ok", record_from_tensors(c, "fla", "reference", fla_like))
     _write(tmp_path / "ok", record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 0.5)))
@@ -261,8 +273,12 @@ def test_a_failed_reference_leaves_the_pair_on_its_tolerance_and_says_so(fla_lik
     """FLA refusing a case (seen on an H100 with Triton 3.6: gated backward) bounds nothing;
     the candidate is judged on its own tolerance and the summary names the unbounded pair."""
     c = SMALL_BF16
-    ref = {**record_from_tensors(c, "fla", "reference", fla_like), "status": "error", "tensors": {},
-           "error": "RuntimeError: FLA refused"}
+    ref = {
+        **record_from_tensors(c, "fla", "reference", fla_like),
+        "status": "error",
+        "tensors": {},
+        "error": "RuntimeError: FLA refused",
+    }
     good = record_from_tensors(c, "pallas", "candidate", perturbed(c, fla_like, 0.5))
     result = evaluate({c.id: {"fla": ref, "pallas": good}})
     assert result["ok"] and result["unbounded"][0]["tensors"] == list(good["tensors"])

@@ -6,6 +6,7 @@ field), 3 internal error (one line pointing at a log with the traceback). Number
 test names are the issue's. Everything runs on tiny cases through the oracle and planted
 candidates (numpy only), so that the file stays fast.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,7 @@ def plants(tmp_path_factory):
     d = tmp_path_factory.mktemp("plants")
     for name, src in PLANTS.items():
         (d / f"{name}.py").write_text(textwrap.dedent(src))
-    sys.path.insert(0, str(d))   # spawned workers inherit sys.path
+    sys.path.insert(0, str(d))  # spawned workers inherit sys.path
     yield d
     sys.path.remove(str(d))
 
@@ -68,7 +69,7 @@ def plants(tmp_path_factory):
 def cli(argv, capsys) -> tuple[int, str, str]:
     try:
         rc = main([str(a) for a in argv])
-    except SystemExit as e:   # argparse
+    except SystemExit as e:  # argparse
         rc = e.code
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
@@ -90,8 +91,10 @@ def records():
     for c in (TINY, TINY2):
         oracle = cached_oracle(c, make_inputs(c))[0]
         ref = {n: a * (1 + 1e-6 * np.random.default_rng(0).standard_normal(a.shape)) for n, a in oracle.items()}
-        out[c.id] = {"fla": record_from_tensors(c, "fla", "reference", ref),
-                     "pallas": record_from_tensors(c, "pallas", "candidate", perturbed(c, ref, 0.5))}
+        out[c.id] = {
+            "fla": record_from_tensors(c, "fla", "reference", ref),
+            "pallas": record_from_tensors(c, "pallas", "candidate", perturbed(c, ref, 0.5)),
+        }
     return out
 
 
@@ -108,12 +111,18 @@ def gate_dir(path: Path, records, changes: dict | None = None) -> Path:
 
 def test_exit_codes_mean_one_thing(tmp_path, records, capsys, monkeypatch):
     assert cli(["gate", gate_dir(tmp_path / "pass", records)], capsys)[0] == 0
-    worse = {(TINY.id, "pallas"): {**records[TINY.id]["pallas"], "verdict": "fail-accuracy",
-                                   "tensors": {"o": {**records[TINY.id]["pallas"]["tensors"]["o"], "verdict": "fail-accuracy"}}}}
+    worse = {
+        (TINY.id, "pallas"): {
+            **records[TINY.id]["pallas"],
+            "verdict": "fail-accuracy",
+            "tensors": {"o": {**records[TINY.id]["pallas"]["tensors"]["o"], "verdict": "fail-accuracy"}},
+        }
+    }
     assert cli(["gate", gate_dir(tmp_path / "fail", records, worse)], capsys)[0] == 1
     rc, _, err = cli(["gate", tmp_path / "nowhere"], capsys)
     refused(rc, err, "nowhere", "no such directory")
     import parity.cli
+
     monkeypatch.setattr(parity.cli, "get_suite", lambda name: 1 / 0)
     rc, _, err = cli(["cases", "--suite", "smoke"], capsys)
     assert rc == 3 and err.count("\n") == 1 and "internal error: ZeroDivisionError" in err
@@ -123,10 +132,27 @@ def test_exit_codes_mean_one_thing(tmp_path, records, capsys, monkeypatch):
 
 
 def test_parity_run_without_a_gate_exits_1_when_a_candidate_fails(tmp_path, plants, capsys):
-    rc, out, _ = cli(["run", "--case", TINY.id, "--backends", "oracle", "--candidate", "huge=jax:fc_plants:huge",
-                      "--out", tmp_path / "o", "--no-progress", "--no-html"], capsys)
+    rc, out, _ = cli(
+        [
+            "run",
+            "--case",
+            TINY.id,
+            "--backends",
+            "oracle",
+            "--candidate",
+            "huge=jax:fc_plants:huge",
+            "--out",
+            tmp_path / "o",
+            "--no-progress",
+            "--no-html",
+        ],
+        capsys,
+    )
     assert rc == 1 and "fail-accuracy" in out
-    rc, _, _ = cli(["run", "--case", TINY.id, "--backends", "oracle", "--out", tmp_path / "p", "--no-progress", "--no-html"], capsys)
+    rc, _, _ = cli(
+        ["run", "--case", TINY.id, "--backends", "oracle", "--out", tmp_path / "p", "--no-progress", "--no-html"],
+        capsys,
+    )
     assert rc == 0
 
 
@@ -141,7 +167,7 @@ def test_1_a_case_with_truncated_or_missing_records_is_refused_not_passed(tmp_pa
     d = gate_dir(tmp_path / "missing", records, {(TINY2.id, "fla"): None, (TINY2.id, "pallas"): None})
     rc, _, err = cli(["gate", d], capsys)
     refused(rc, err, "missing", TINY2.id)
-    rc, out, _ = cli(["gate", d, "--allow-partial"], capsys)   # what is there, and what is not, said
+    rc, out, _ = cli(["gate", d, "--allow-partial"], capsys)  # what is there, and what is not, said
     assert rc == 0 and "PARTIAL" in out and f"not seen: {TINY2.id} [fla]" in out
 
 
@@ -162,11 +188,18 @@ def test_1_a_record_moved_to_another_case_is_refused(tmp_path, records, capsys):
 
 def test_1_records_whose_inputs_differ_from_the_manifest_are_refused(tmp_path, records, capsys):
     from parity.manifest import write_manifest
+
     d = gate_dir(tmp_path / "d", records)
-    write_manifest(d, "hashed", "test", list(records), ["fla", "pallas"],
-                   {cid: recs["fla"]["input_hash"] for cid, recs in records.items()})
+    write_manifest(
+        d,
+        "hashed",
+        "test",
+        list(records),
+        ["fla", "pallas"],
+        {cid: recs["fla"]["input_hash"] for cid, recs in records.items()},
+    )
     assert cli(["gate", d], capsys)[0] == 0
-    for b in ("fla", "pallas"):   # both sides agree, so only the manifest can tell
+    for b in ("fla", "pallas"):  # both sides agree, so only the manifest can tell
         p = result_path(d, b, TINY.id)
         p.write_text(json.dumps({**read_json(p), "input_hash": "0" * 64}))
     rc, _, err = cli(["gate", d], capsys)
@@ -183,17 +216,35 @@ def test_1_a_candidate_ok_with_no_tensors_fails(tmp_path, records, capsys):
 
 
 def test_1_a_candidate_unsupported_everywhere_is_not_a_pass(tmp_path, records, capsys):
-    changes = {(cid, "pallas"): {**recs["pallas"], "status": "unsupported", "verdict": "unsupported", "tensors": {},
-                                 "error": "no kernel"} for cid, recs in records.items()}
+    changes = {
+        (cid, "pallas"): {
+            **recs["pallas"],
+            "status": "unsupported",
+            "verdict": "unsupported",
+            "tensors": {},
+            "error": "no kernel",
+        }
+        for cid, recs in records.items()
+    }
     rc, out, _ = cli(["gate", gate_dir(tmp_path / "d", records, changes)], capsys)
-    assert rc == 1 and "unsupported everywhere: compared no tensor on any of its 2 cases" in out and "gate: PASS" not in out
+    assert (
+        rc == 1
+        and "unsupported everywhere: compared no tensor on any of its 2 cases" in out
+        and "gate: PASS" not in out
+    )
 
 
 # ------------------------------------------------------------------ 2. one bad case never costs the run
-@pytest.mark.parametrize("entry, words", [
-    ('{"op": "simple_gla", "B": 1, "T": 16, "H": 1, "K": 16, "V": 16, "scale": 1e999}', ["Case.scale=inf", "finite"]),
-    ('"simple_gla-fwd-B1-T1000000000-H1-K16-V16-fp32-C16-g_logsig"', ["exceed the limit", "--max-elements"]),
-])
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        (
+            '{"op": "simple_gla", "B": 1, "T": 16, "H": 1, "K": 16, "V": 16, "scale": 1e999}',
+            ["Case.scale=inf", "finite"],
+        ),
+        ('"simple_gla-fwd-B1-T1000000000-H1-K16-V16-fp32-C16-g_logsig"', ["exceed the limit", "--max-elements"]),
+    ],
+)
 def test_2_a_case_too_large_or_with_inf_scale_is_refused_before_any_worker(tmp_path, entry, words, capsys):
     f = tmp_path / "cases.json"
     f.write_text(f"[{entry}]")
@@ -203,7 +254,9 @@ def test_2_a_case_too_large_or_with_inf_scale_is_refused_before_any_worker(tmp_p
 
 
 def test_2_the_size_limit_is_a_flag(tmp_path, capsys):
-    rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", "--max-elements", "100", "--out", tmp_path / "o"], capsys)
+    rc, _, err = cli(
+        ["run", "--case", TINY.id, "--backends", "oracle", "--max-elements", "100", "--out", tmp_path / "o"], capsys
+    )
     refused(rc, err, "784 elements", "limit of 100")
 
 
@@ -224,7 +277,7 @@ def test_2_a_dying_worker_or_an_overflowing_metric_loses_no_case(faulty_run):
         died = read_json(result_path(out, "dies", c.id))
         assert died["status"] == "error" and "worker process died (exit code 7)" in died["error"]
         assert died["input_hash"] == oracle["input_hash"] == input_hash(make_inputs(c))
-        huge = read_json(result_path(out, "huge", c.id))   # strict JSON, non-finite metrics encoded
+        huge = read_json(result_path(out, "huge", c.id))  # strict JSON, non-finite metrics encoded
         assert huge["verdict"] == "fail-accuracy" and huge["tensors"]["o"]["max_ulp"] is None
         assert "tensors.o.max_ulp" in huge["encoded_nonfinite"]
     assert not list(out.rglob(".tmp-*"))
@@ -234,8 +287,10 @@ def test_2_a_dying_worker_or_an_overflowing_metric_loses_no_case(faulty_run):
 
 def test_2_a_harness_error_in_a_worker_costs_only_that_record_and_the_parent_does_not_raise(tmp_path, plants):
     (tmp_path / "huge").write_text("a file where the candidate's record folder goes")
-    summary = run_cases([TINY], RunConfig(out_dir=tmp_path, backends=["oracle", "huge=jax:fc_plants:huge"], timeout_s=60,
-                                          progress=False))
+    summary = run_cases(
+        [TINY],
+        RunConfig(out_dir=tmp_path, backends=["oracle", "huge=jax:fc_plants:huge"], timeout_s=60, progress=False),
+    )
     lines = {ln["backend"]: ln for ln in summary["results"]}
     assert lines["oracle"]["status"] == "ok" and lines["huge"]["status"] == "error"
     assert "harness error in the worker: FileExistsError" in lines["huge"]["error"]
@@ -267,7 +322,7 @@ def _flip(p):
 def _wrong_values(p):
     with np.load(p) as z:
         d = {n: z[n] for n in z.files}
-    d["o"] = d["o"] * 2   # a valid file, its stored hash now stale
+    d["o"] = d["o"] * 2  # a valid file, its stored hash now stale
     np.savez(p, **d)
 
 
@@ -289,7 +344,7 @@ def test_3_a_damaged_cache_entry_is_recomputed_and_replaced(tmp_path, monkeypatc
     assert not hit and all(np.array_equal(again[n], good[n]) for n in good)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert cached_oracle(TINY, x)[1]   # replaced: a verified hit now
+        assert cached_oracle(TINY, x)[1]  # replaced: a verified hit now
 
 
 def test_3_concurrent_writers_leave_one_valid_entry(tmp_path, monkeypatch):
@@ -307,26 +362,54 @@ def test_3_concurrent_writers_leave_one_valid_entry(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ 4. nothing escapes the output folder
 @pytest.mark.parametrize("name", ["..", ".", "a/b", "-x", ""])
 def test_4_a_candidate_name_with_path_components_is_refused(tmp_path, name, capsys):
-    rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", f"--candidate={name}=jax:tests.example_candidates:raises",
-                      "--out", tmp_path / "o"], capsys)
+    rc, _, err = cli(
+        [
+            "run",
+            "--case",
+            TINY.id,
+            "--backends",
+            "oracle",
+            f"--candidate={name}=jax:tests.example_candidates:raises",
+            "--out",
+            tmp_path / "o",
+        ],
+        capsys,
+    )
     refused(rc, err, "NAME", "A-Z a-z 0-9")
     assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------ 5. timeouts and killed parents
 def test_5_a_module_that_hangs_at_import_in_the_worker_is_timed_out(tmp_path, plants):
-    summary = run_cases([TINY], RunConfig(out_dir=tmp_path, backends=["oracle", "h=jax:fc_hang_import:f"], timeout_s=4,
-                                          progress=False))
+    summary = run_cases(
+        [TINY], RunConfig(out_dir=tmp_path, backends=["oracle", "h=jax:fc_hang_import:f"], timeout_s=4, progress=False)
+    )
     rec = read_json(result_path(tmp_path, "h", TINY.id))
     assert rec["status"] == "timeout" and "no result after 4 s" in rec["error"]
     assert read_json(result_path(tmp_path, "oracle", TINY.id))["status"] == "ok" and summary["interrupted"] is None
 
 
-@pytest.mark.parametrize("module, words", [("fc_hang_import", ["did not finish within 2 s"]),
-                                           ("fc_exit_import", ["ended the process", "exit code 5"])])
+@pytest.mark.parametrize(
+    "module, words",
+    [("fc_hang_import", ["did not finish within 2 s"]), ("fc_exit_import", ["ended the process", "exit code 5"])],
+)
 def test_5_a_module_that_hangs_or_exits_at_import_in_the_parent_is_refused(tmp_path, plants, module, words, capsys):
-    rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", "--candidate", f"x=jax:{module}:f",
-                      "--timeout", "2", "--out", tmp_path / "o"], capsys)
+    rc, _, err = cli(
+        [
+            "run",
+            "--case",
+            TINY.id,
+            "--backends",
+            "oracle",
+            "--candidate",
+            f"x=jax:{module}:f",
+            "--timeout",
+            "2",
+            "--out",
+            tmp_path / "o",
+        ],
+        capsys,
+    )
     refused(rc, err, *words)
 
 
@@ -349,13 +432,33 @@ def _alive(pid: int) -> bool:
 def test_5_a_killed_parent_takes_its_workers_and_leaves_a_summary(tmp_path, plants, sig, code):
     out = tmp_path / "o"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(plants)])}
-    p = subprocess.Popen([sys.executable, "-m", "parity", "run", "--case", TINY.id, "--backends", "oracle",
-                          "--candidate", "hang=jax:fc_plants:hangs", "--out", str(out), "--no-html", "--no-progress"],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "parity",
+            "run",
+            "--case",
+            TINY.id,
+            "--backends",
+            "oracle",
+            "--candidate",
+            "hang=jax:fc_plants:hangs",
+            "--out",
+            str(out),
+            "--no-html",
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while not result_path(out, "oracle", TINY.id).exists() and time.time() < deadline and p.poll() is None:
         time.sleep(0.1)
-    time.sleep(0.5)   # the worker is inside the hanging candidate now
+    time.sleep(0.5)  # the worker is inside the hanging candidate now
     workers = _children(p.pid)
     assert workers and p.poll() is None
     p.send_signal(sig)
@@ -369,7 +472,7 @@ def test_5_a_killed_parent_takes_its_workers_and_leaves_a_summary(tmp_path, plan
     if sig != signal.SIGKILL:
         summary = read_json(out / "summary.json")
         assert summary["interrupted"] == sig.name and f"interrupted by {sig.name}" in stderr
-        assert TINY.id in stdout   # the table of what finished
+        assert TINY.id in stdout  # the table of what finished
         assert not read_json(next(out.glob("manifest-*.json")))["finished"]
 
 
@@ -385,41 +488,51 @@ def test_6_a_stray_binary_json_is_refused_by_name(tmp_path, records, capsys):
 def test_6_parity_run_with_a_stray_json_in_out_exits_2_not_1(tmp_path, capsys):
     (tmp_path / "o" / "x").mkdir(parents=True)
     (tmp_path / "o" / "x" / "stray.json").write_bytes(b"\xff\xfe\x00")
-    rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", "--out", tmp_path / "o", "--no-progress"], capsys)
+    rc, _, err = cli(
+        ["run", "--case", TINY.id, "--backends", "oracle", "--out", tmp_path / "o", "--no-progress"], capsys
+    )
     assert rc == 2 and "report: not written" in err and "stray.json" in err
 
 
-@pytest.mark.parametrize("corrupt, field", [
-    (lambda r: r["tensors"]["o"].update(rel_rms="1e-3"), "tensors.o.rel_rms"),
-    (lambda r: r["tensors"]["o"].update(rel_rms=float("nan")), "tensors.o.rel_rms"),
-    (lambda r: r.pop("verdict"), "verdict"),
-    (lambda r: r.update(verdict="great"), "verdict"),
-])
+@pytest.mark.parametrize(
+    "corrupt, field",
+    [
+        (lambda r: r["tensors"]["o"].update(rel_rms="1e-3"), "tensors.o.rel_rms"),
+        (lambda r: r["tensors"]["o"].update(rel_rms=float("nan")), "tensors.o.rel_rms"),
+        (lambda r: r.pop("verdict"), "verdict"),
+        (lambda r: r.update(verdict="great"), "verdict"),
+    ],
+)
 @pytest.mark.parametrize("command", ["gate", "report", "calibrate"])
 def test_6_malformed_records_are_refused_naming_the_field(tmp_path, records, corrupt, field, command, capsys):
     bad = json.loads(json.dumps(records[TINY.id]["fla"]))
     corrupt(bad)
     d = gate_dir(tmp_path / "d", records)
-    result_path(d, "fla", TINY.id).write_text(json.dumps(bad))   # NaN written as the literal NaN
-    argv = {"gate": ["gate", d], "report": ["report", d, "-o", tmp_path / "r.html"], "calibrate": ["calibrate", d]}[command]
+    result_path(d, "fla", TINY.id).write_text(json.dumps(bad))  # NaN written as the literal NaN
+    argv = {"gate": ["gate", d], "report": ["report", d, "-o", tmp_path / "r.html"], "calibrate": ["calibrate", d]}[
+        command
+    ]
     rc, _, err = cli(argv, capsys)
     refused(rc, err, f"field {field}=", "expected")
 
 
 # ------------------------------------------------------------------ 7. validation at the edge
-@pytest.mark.parametrize("argv, words", [
-    (["run", "-j", "0"], ["--jobs", "'0'", "int >= 1"]),
-    (["run", "-j", "-1"], ["--jobs", "int >= 1"]),
-    (["run", "--timeout", "0"], ["--timeout", "> 0"]),
-    (["run", "--timeout", "-5"], ["--timeout", "> 0"]),
-    (["run", "--timeout", "nan"], ["--timeout", "'nan'", "finite"]),
-    (["run", "--bound-factor", "-1"], ["--bound-factor", ">= 0"]),
-    (["run", "--bound-factor", "nan"], ["--bound-factor", "finite"]),
-    (["run", "--backends", ","], ["--backends", "none empty"]),
-    (["run", "--shard", "0/2"], ["--shard", "1 <= I <= N"]),
-    (["gate", ".", "--bound-factor", "nan"], ["--bound-factor", "finite"]),
-    (["mutants", "-j", "0"], ["--jobs", "int >= 1"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "-j", "0"], ["--jobs", "'0'", "int >= 1"]),
+        (["run", "-j", "-1"], ["--jobs", "int >= 1"]),
+        (["run", "--timeout", "0"], ["--timeout", "> 0"]),
+        (["run", "--timeout", "-5"], ["--timeout", "> 0"]),
+        (["run", "--timeout", "nan"], ["--timeout", "'nan'", "finite"]),
+        (["run", "--bound-factor", "-1"], ["--bound-factor", ">= 0"]),
+        (["run", "--bound-factor", "nan"], ["--bound-factor", "finite"]),
+        (["run", "--backends", ","], ["--backends", "none empty"]),
+        (["run", "--shard", "0/2"], ["--shard", "1 <= I <= N"]),
+        (["gate", ".", "--bound-factor", "nan"], ["--bound-factor", "finite"]),
+        (["mutants", "-j", "0"], ["--jobs", "int >= 1"]),
+    ],
+)
 def test_7_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, words, capsys):
     if argv[0] in ("run", "mutants"):
         argv = [argv[0], "--case", TINY.id, *argv[1:], "--out", tmp_path / "o"]
@@ -435,8 +548,12 @@ def test_7_an_output_that_is_a_file_is_refused_before_any_worker(tmp_path, capsy
     for out, words in ((f, ["--out", "this path is a file"]), (f / "sub", ["--out", "is a file"])):
         rc, _, err = cli(["run", "--case", TINY.id, "--backends", "oracle", "--out", out], capsys)
         refused(rc, err, *words)
-    for argv in (["gate", tmp_path, "--out", f / "gate.json"], ["report", tmp_path, "-o", f / "r.html"],
-                 ["report", tmp_path, "-o", tmp_path], ["repro", TINY.id, "-o", f]):
+    for argv in (
+        ["gate", tmp_path, "--out", f / "gate.json"],
+        ["report", tmp_path, "-o", f / "r.html"],
+        ["report", tmp_path, "-o", tmp_path],
+        ["repro", TINY.id, "-o", f],
+    ):
         rc, _, err = cli(argv, capsys)
         refused(rc, err, "argument", "expected")
 
@@ -447,12 +564,15 @@ def test_7_malformed_id_tokens_are_refused(tmp_path, token, capsys):
     refused(rc, err, f"unknown token {token!r}")
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("h0", '"false"', ["Case.h0='false'", "a bool"]),
-    ("scale", '"0.5"', ["Case.scale='0.5'", "finite positive number"]),
-    ("gate_params", '"x"', ["Case.gate_params='x'", "mapping"]),
-    ("chunk_size", "16.0", ["Case.chunk_size=16.0", "an int"]),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("h0", '"false"', ["Case.h0='false'", "a bool"]),
+        ("scale", '"0.5"', ["Case.scale='0.5'", "finite positive number"]),
+        ("gate_params", '"x"', ["Case.gate_params='x'", "mapping"]),
+        ("chunk_size", "16.0", ["Case.chunk_size=16.0", "an int"]),
+    ],
+)
 def test_7_case_fields_of_the_wrong_type_are_refused(tmp_path, field, value, words, capsys):
     f = tmp_path / "cases.json"
     f.write_text(f'[{{"op": "simple_gla", "B": 1, "T": 16, "H": 1, "K": 16, "V": 16, "{field}": {value}}}]')
@@ -477,15 +597,29 @@ def test_7_result_files_are_readable_by_others(faulty_run):
 # ------------------------------------------------------------------ held before: hostile strings, offline page
 def test_hostile_strings_render_as_text_and_the_page_needs_no_network(tmp_path, records, capsys):
     hostile = '</script><img src=x onerror="window.__pwned=1">'
-    d = gate_dir(tmp_path / "d", records, {(TINY.id, "pallas"): {**records[TINY.id]["pallas"], "platform": hostile,
-                                                                  "status": "error", "verdict": "error", "tensors": {},
-                                                                  "error": hostile}})
+    d = gate_dir(
+        tmp_path / "d",
+        records,
+        {
+            (TINY.id, "pallas"): {
+                **records[TINY.id]["pallas"],
+                "platform": hostile,
+                "status": "error",
+                "verdict": "error",
+                "tensors": {},
+                "error": hostile,
+            }
+        },
+    )
     rc, _, _ = cli(["report", d, "-o", tmp_path / "r.html"], capsys)
     assert rc == 0
     html = (tmp_path / "r.html").read_text()
     assert "<img" not in html and "</script><img" not in html
     for f in (tmp_path / "r_files" / "cases").glob("*.js"):
         assert "<" not in f.read_text()
-    assert "http://" not in html and "https://" not in html   # offline: every asset beside the page
-    assert sorted({u for u in re.findall(r'(?:src|href)="([^"#][^"]*)"', html)}) == ["r_files/report.css", "r_files/report.js"]
+    assert "http://" not in html and "https://" not in html  # offline: every asset beside the page
+    assert sorted({u for u in re.findall(r'(?:src|href)="([^"#][^"]*)"', html)}) == [
+        "r_files/report.css",
+        "r_files/report.js",
+    ]
     assert (tmp_path / "r_files" / "plotly.min.js").stat().st_size > 1_000_000

@@ -4,6 +4,7 @@ The interpreter fixes are checked on small Triton kernels of our own against num
 same (bfloat16-rounded) values, then FLA's three ops are checked against the float64
 oracle within the tolerance for every output and gradient, in float32 and bfloat16.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -28,16 +29,16 @@ triton_interpreter.enable()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-BF16_EPS = 2.0 ** -8  # unit roundoff of bfloat16
+BF16_EPS = 2.0**-8  # unit roundoff of bfloat16
 
 
 @triton.jit
 def _bf16_ops_kernel(a_ptr, b_ptr, dot_ptr, sum_ptr, max_ptr, cumsum_ptr, exp_ptr, lt_ptr, cast_ptr, N: tl.constexpr):
     r = tl.arange(0, N)
-    a = tl.load(a_ptr + r[:, None] * N + r[None, :])          # bf16 [N, N]
+    a = tl.load(a_ptr + r[:, None] * N + r[None, :])  # bf16 [N, N]
     b = tl.load(b_ptr + r[:, None] * N + r[None, :])
-    tl.store(dot_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))                  # fp32 accumulate
-    tl.store(sum_ptr + r, tl.sum(a * b, axis=1))                                 # bf16 mul, bf16 sum
+    tl.store(dot_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))  # fp32 accumulate
+    tl.store(sum_ptr + r, tl.sum(a * b, axis=1))  # bf16 mul, bf16 sum
     tl.store(max_ptr + r, tl.max(a, axis=1))
     tl.store(cumsum_ptr + r[:, None] * N + r[None, :], tl.cumsum(a, axis=1))
     tl.store(exp_ptr + r[:, None] * N + r[None, :], tl.exp(a.to(tl.float32)).to(tl.bfloat16) + b)
@@ -76,10 +77,15 @@ def test_interpreter_computes_bfloat16_on_values_not_bits():
     a = rng.standard_normal((N, N)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((N, N)).astype(ml_dtypes.bfloat16)
     af, bf = a.astype(np.float64), b.astype(np.float64)
-    out = {"dot": torch.empty(N, N), "sum": torch.empty(N, dtype=torch.bfloat16),
-           "max": torch.empty(N, dtype=torch.bfloat16), "cumsum": torch.empty(N, N, dtype=torch.bfloat16),
-           "exp": torch.empty(N, N, dtype=torch.bfloat16), "lt": torch.empty(N, N, dtype=torch.int32),
-           "cast": torch.empty(N, dtype=torch.bfloat16)}
+    out = {
+        "dot": torch.empty(N, N),
+        "sum": torch.empty(N, dtype=torch.bfloat16),
+        "max": torch.empty(N, dtype=torch.bfloat16),
+        "cumsum": torch.empty(N, N, dtype=torch.bfloat16),
+        "exp": torch.empty(N, N, dtype=torch.bfloat16),
+        "lt": torch.empty(N, N, dtype=torch.int32),
+        "cast": torch.empty(N, dtype=torch.bfloat16),
+    }
     _bf16_ops_kernel[(1,)](_t(a), _t(b), *out.values(), N=N)
     np.testing.assert_allclose(out["dot"].numpy(), af @ bf, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(_np(out["sum"]), (af * bf).sum(1), atol=N * BF16_EPS * np.abs(af * bf).sum(1).max())
@@ -95,7 +101,7 @@ def _fp32_dot_kernel(a_ptr, b_ptr, tf32_ptr, ieee_ptr, N: tl.constexpr):
     r = tl.arange(0, N)
     a = tl.load(a_ptr + r[:, None] * N + r[None, :])
     b = tl.load(b_ptr + r[:, None] * N + r[None, :])
-    tl.store(tf32_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))                      # default: tf32
+    tl.store(tf32_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))  # default: tf32
     tl.store(ieee_ptr + r[:, None] * N + r[None, :], tl.dot(a, b, input_precision="ieee"))
 
 
@@ -113,14 +119,14 @@ def test_float32_dot_uses_tf32_like_the_gpu_unless_ieee_is_asked():
     exact = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(ieee.numpy(), exact, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(tf32.numpy(), _truncate_tf32(a) @ _truncate_tf32(b), rtol=1e-5, atol=1e-5)
-    assert np.abs(tf32.numpy() - exact).max() > 1e-4   # TF32's error, far above float32's
+    assert np.abs(tf32.numpy() - exact).max() > 1e-4  # TF32's error, far above float32's
 
 
 @triton.jit
 def _range_kernel(out_ptr, n):
     acc = tl.zeros([1], dtype=tl.int64)
     for i in range(n):
-        acc += i.to(tl.int64)          # a tensor method: fails on a Python int
+        acc += i.to(tl.int64)  # a tensor method: fails on a Python int
     for j in tl.range(0, n, 2):
         acc += j.to(tl.int64) * 100
     tl.store(out_ptr + tl.arange(0, 1), acc)
@@ -146,11 +152,26 @@ def test_autotuner_takes_the_first_config_without_benchmarking():
 
 
 SHAPE = dict(B=1, T=80, H=2, K=64, V=64, h0=True, ht=True)
-FLA_CASES = [Case(op, **SHAPE, dtype=dt, gate="g_logsig", chunk_size=64) for op in ("simple_gla", "gla", "kda")
-             for dt in ("float32", "bfloat16")] + [
+FLA_CASES = [
+    Case(op, **SHAPE, dtype=dt, gate="g_logsig", chunk_size=64)
+    for op in ("simple_gla", "gla", "kda")
+    for dt in ("float32", "bfloat16")
+] + [
     Case("simple_gla", 1, 96, 2, 64, 64, dtype="bfloat16", chunk_size=128, gate="gamma_alibi"),
-    Case("simple_gla", 1, 100, 2, 64, 64, dtype="float32", chunk_size=32, gate="g_logsig", h0=True, ht=True,
-         seqlens=(37, 1, 62)),
+    Case(
+        "simple_gla",
+        1,
+        100,
+        2,
+        64,
+        64,
+        dtype="float32",
+        chunk_size=32,
+        gate="g_logsig",
+        h0=True,
+        ht=True,
+        seqlens=(37, 1, 62),
+    ),
 ]
 
 
@@ -176,12 +197,14 @@ def test_fla_gives_no_g_gamma_gradient_and_says_so():
 
 
 def test_fla_imported_for_a_gpu_is_refused_with_the_fix():
-    code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
-            "import fla.ops.simple_gla\n"
-            "from cases import Case, make_inputs\n"
-            "from parity.backends.fla import FlaBackend\n"
-            "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
-            "FlaBackend().run(c, make_inputs(c))\n")
+    code = (
+        "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+        "import fla.ops.simple_gla\n"
+        "from cases import Case, make_inputs\n"
+        "from parity.backends.fla import FlaBackend\n"
+        "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
+        "FlaBackend().run(c, make_inputs(c))\n"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode != 0

@@ -2,6 +2,7 @@
 verdict; a planted narrow mutant is found and shrunk to its minimal case, which found.json
 replays through `parity run --cases`; short searches of the built-in kernels find nothing;
 bad input is refused with one line. The searches are the CI's (about 2 min of CPU: 20 s per op)."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,18 @@ def test_narrow_mutant_wrap_changes_results_exactly_where_its_trigger_says(mutan
     from cases import make_inputs
     from parity.backends.calling import cotangent_names, differentiable_inputs, jax_program
 
-    def kernel(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-               cu_seqlens=None, chunk_size=64):
+    def kernel(
+        q,
+        k,
+        v,
+        g=None,
+        g_gamma=None,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        cu_seqlens=None,
+        chunk_size=64,
+    ):
         att = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
         o = jnp.einsum("bhts,bshv->bthv", att, v.astype(jnp.float32))
         if initial_state is not None:
@@ -59,8 +70,12 @@ def test_narrow_mutant_wrap_changes_results_exactly_where_its_trigger_says(mutan
         return [np.asarray(a) for a in jax.tree_util.tree_leaves((outs, grads))]
 
     witness = Case.from_id(mutant.witness).replace(direction="fwdbwd", ht=False)
-    outside = {"tail-one-token": dict(T=witness.T - 1), "dh0-last-single": dict(seqlens=(63, 2)),
-               "heads-wrap": dict(H=2), "k-tiles-from-v": dict(V=witness.K)}[mutant.name]
+    outside = {
+        "tail-one-token": dict(T=witness.T - 1),
+        "dh0-last-single": dict(seqlens=(63, 2)),
+        "heads-wrap": dict(H=2),
+        "k-tiles-from-v": dict(V=witness.K),
+    }[mutant.name]
     near = witness.replace(**outside)
     assert triggers(mutant.name, witness) and not triggers(mutant.name, near)
     same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(a, b))
@@ -74,11 +89,14 @@ def test_judge_is_the_gates_verdict_with_and_without_the_reference():
     oracle.update(status="ok", side="oracle")
     from cases import make_inputs
     from parity.backends.oracle import cached_oracle
+
     exact = cached_oracle(SMALL, make_inputs(SMALL))[0]
     good = record_from_tensors(SMALL, "cand", "candidate", exact)
     ref = record_from_tensors(SMALL, "fla", "reference", perturbed(SMALL, {n: exact[n] * (1 + 1e-6) for n in exact}, 1))
     # 3x the reference's error: within tolerance, outside the bound
-    worse = record_from_tensors(SMALL, "cand", "candidate", perturbed(SMALL, {n: exact[n] * (1 + 1e-6) for n in exact}, 3))
+    worse = record_from_tensors(
+        SMALL, "cand", "candidate", perturbed(SMALL, {n: exact[n] * (1 + 1e-6) for n in exact}, 3)
+    )
     j = judge(SMALL, {"oracle": oracle, "cand": good}, "cand")
     assert j.verdict == "pass" and not j.failed and set(j.margins) == set(SMALL.output_names())
     assert judge(SMALL, {"oracle": oracle, "cand": worse}, "cand").verdict == "pass"
@@ -97,16 +115,17 @@ def test_judge_is_the_gates_verdict_with_and_without_the_reference():
 
 def test_space_follows_where_the_kernel_applies():
     from parity.fuzz import applies_predicate
-    fused = space_for("simple_gla", applies_predicate("pallas-fused"), 2 ** 18)
+
+    fused = space_for("simple_gla", applies_predicate("pallas-fused"), 2**18)
     assert set(fused.gates) == {g for g in fused.gates if g.startswith("gamma_")} and fused.gates
-    gla = space_for("gla", applies_predicate("pallas"), 2 ** 18)   # every K <= 256, V <= 512 (padded to tiles)
-    base = Space(op="gla", max_elements=2 ** 18)
+    gla = space_for("gla", applies_predicate("pallas"), 2**18)  # every K <= 256, V <= 512 (padded to tiles)
+    base = Space(op="gla", max_elements=2**18)
     assert set(gla.k_dims) == {d for d in base.k_dims if d <= 256} and set(gla.v_dims) == set(base.v_dims)
-    assert max(base.k_dims) > 256   # the space itself goes past what the kernels take
-    f16 = space_for("gla", lambda c: c.dtype != "float16" and c.K <= 128, 2 ** 18)
+    assert max(base.k_dims) > 256  # the space itself goes past what the kernels take
+    f16 = space_for("gla", lambda c: c.dtype != "float16" and c.K <= 128, 2**18)
     assert max(f16.k_dims) <= 128 and "float16" not in f16.dtypes
     with pytest.raises(ValueError, match="no kernel for op 'gla'"):
-        space_for("gla", applies_predicate("pallas-fused"), 2 ** 18)
+        space_for("gla", applies_predicate("pallas-fused"), 2**18)
 
 
 # ------------------------------------------------------------------ searches (the CI's short ones)
@@ -119,8 +138,14 @@ def test_planted_one_token_tail_is_found_shrunk_and_replayed(tmp_path):
     """Budget: found within 90 s (typically 10-40 s in this narrowed space) and shrunk in 120 s
     more to B = 1, H = 1 and the smallest T that has a one-token tail: C + 1 at C = 16."""
     spec = candidate_spec("tail-one-token")
-    s = _fuzz(tmp_path, spec, time_s=90.0, shrink_time_s=120.0, seed=0,
-              space=dict(directions=("fwd",), dtypes=("float32",), gates=("g_logsig",)))
+    s = _fuzz(
+        tmp_path,
+        spec,
+        time_s=90.0,
+        shrink_time_s=120.0,
+        seed=0,
+        space=dict(directions=("fwd",), dtypes=("float32",), gates=("g_logsig",)),
+    )
     assert len(s["found"]) == 1, format_summary(s)
     case = Case.from_id(s["found"][0]["case_id"])
     assert (case.B, case.H, case.T, case.chunk_size, case.seqlens) == (1, 1, 17, 16, None), case.id
@@ -131,57 +156,101 @@ def test_planted_one_token_tail_is_found_shrunk_and_replayed(tmp_path):
     assert json.loads((out / "fuzz.json").read_text())["found"][0]["case_id"] == case.id
     assert case.id in (out / "fuzz.html").read_text()
     # found.json is a regression suite: parity run replays it and the mutant fails it again
-    p = subprocess.run([sys.executable, "-m", "parity", "run", "--cases", str(out / "found.json"), "--backends", "oracle",
-                        "--candidate", spec, "--out", str(tmp_path / "replay"), "--no-html", "--no-progress",
-                        "--tpu-targets", "none"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "parity",
+            "run",
+            "--cases",
+            str(out / "found.json"),
+            "--backends",
+            "oracle",
+            "--candidate",
+            spec,
+            "--out",
+            str(tmp_path / "replay"),
+            "--no-html",
+            "--no-progress",
+            "--tpu-targets",
+            "none",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     rec = json.loads((tmp_path / "replay" / "tail-one-token" / f"{case.id}.json").read_text())
     assert rec["verdict"] == "fail-accuracy" and rec["tensors"]["o"]["verdict"] == "fail-accuracy"
     # a rerun tries the failure in hypothesis's database (under OUT) first
-    again = _fuzz(tmp_path, spec, time_s=90.0, shrink_time_s=120.0, seed=5,
-                  space=dict(directions=("fwd",), dtypes=("float32",), gates=("g_logsig",)))
+    again = _fuzz(
+        tmp_path,
+        spec,
+        time_s=90.0,
+        shrink_time_s=120.0,
+        seed=5,
+        space=dict(directions=("fwd",), dtypes=("float32",), gates=("g_logsig",)),
+    )
     assert [f["case_id"] for f in again["found"]] == [case.id] and again["searches"][0]["examples"] == 1
-    assert json.loads((out / "found.json").read_text()) == [case.to_dict()]   # appended once
+    assert json.loads((out / "found.json").read_text()) == [case.to_dict()]  # appended once
 
 
 def test_a_crash_or_a_timeout_is_a_finding_shrunk_to_the_smallest_case(tmp_path):
     """A candidate that raises fails every case: the search goes on to shrink it to the smallest case of
     the space; one that hangs is killed after --timeout and its timeout is the finding."""
-    s = _fuzz(tmp_path / "raises", "crash=jax:tests.example_candidates:raises", time_s=30.0, shrink_time_s=40.0,
-              space=dict(dtypes=("float32",), gates=("g_logsig",), directions=("fwd",)))
+    s = _fuzz(
+        tmp_path / "raises",
+        "crash=jax:tests.example_candidates:raises",
+        time_s=30.0,
+        shrink_time_s=40.0,
+        space=dict(dtypes=("float32",), gates=("g_logsig",), directions=("fwd",)),
+    )
     (found,) = s["found"]
     assert found["verdict"] == "error" and "deliberate failure" in found["detail"]
     assert found["case_id"] == "simple_gla-fwd-B1-T1-H1-K8-V8-fp32-C16-g_logsig", found["case_id"]
-    s = _fuzz(tmp_path / "hangs", "hang=jax:tests.example_candidates:never_returns", time_s=5.0, shrink_time_s=1.0,
-              timeout_s=4.0, space=dict(dtypes=("float32",), gates=("g_logsig",), directions=("fwd",)))
+    s = _fuzz(
+        tmp_path / "hangs",
+        "hang=jax:tests.example_candidates:never_returns",
+        time_s=5.0,
+        shrink_time_s=1.0,
+        timeout_s=4.0,
+        space=dict(dtypes=("float32",), gates=("g_logsig",), directions=("fwd",)),
+    )
     (found,) = s["found"]
     assert found["verdict"] == "timeout" and "no result after 4 s" in found["detail"]
 
 
-@pytest.mark.parametrize("candidate, op, seconds", [("pallas", "simple_gla", 20), ("pallas", "gla", 20),
-                                                    ("pallas", "kda", 20), ("pallas-fused", "simple_gla", 15)])
+@pytest.mark.parametrize(
+    "candidate, op, seconds",
+    [("pallas", "simple_gla", 20), ("pallas", "gla", 20), ("pallas", "kda", 20), ("pallas-fused", "simple_gla", 15)],
+)
 def test_short_search_of_the_built_in_kernels_finds_nothing(tmp_path, candidate, op, seconds):
     s = _fuzz(tmp_path, candidate, op=op, time_s=seconds)
     assert s["found"] == [], format_summary(s)
     (search,) = s["searches"]
     assert search["stopped"] == "time" and search["examples"] >= 1, search
-    assert all(p.endswith("tpu-interpret") for p in s["platforms"]), s["platforms"]   # never called a TPU
+    assert all(p.endswith("tpu-interpret") for p in s["platforms"]), s["platforms"]  # never called a TPU
     assert s["worst"][op] and all(w["margin"] <= 1 for w in s["worst"][op].values())
     assert not (tmp_path / "fuzz" / "found.json").exists()
 
 
 # ------------------------------------------------------------------ refused input
-@pytest.mark.parametrize("argv, field", [
-    (["--candidate", "pallas", "--backends", "oracle,pallas"], "--backends"),
-    (["--candidate", "pallas", "--op", "mamba"], "--op"),
-    ([], "--candidate"),
-    (["--candidate", "pallas", "--time", "0"], "--time"),
-    (["--candidate", "pallas-fused", "--op", "gla"], "--op"),
-    (["--candidate", "pallas", "--seed", "-1"], "--seed"),
-    (["--candidate", "nope=jax:no_such_module:f"], "--candidate"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--candidate", "pallas", "--backends", "oracle,pallas"], "--backends"),
+        (["--candidate", "pallas", "--op", "mamba"], "--op"),
+        ([], "--candidate"),
+        (["--candidate", "pallas", "--time", "0"], "--time"),
+        (["--candidate", "pallas-fused", "--op", "gla"], "--op"),
+        (["--candidate", "pallas", "--seed", "-1"], "--seed"),
+        (["--candidate", "nope=jax:no_such_module:f"], "--candidate"),
+    ],
+)
 def test_fuzz_refuses_bad_input_with_one_line(argv, field, tmp_path, capsys):
     from parity.cli import main
+
     try:
         rc = main(["fuzz", *argv, "--out", str(tmp_path / "o")])
     except SystemExit as e:  # argparse's refusal of an argument's type
@@ -194,6 +263,7 @@ def test_fuzz_refuses_bad_input_with_one_line(argv, field, tmp_path, capsys):
 
 def test_fuzz_refuses_a_malformed_found_json(tmp_path, capsys):
     from parity.cli import main
+
     (tmp_path / "found.json").write_text('{"not": "a list"}')
     assert main(["fuzz", "--candidate", "pallas", "--op", "simple_gla", "--out", str(tmp_path)]) == 2
     assert "found.json" in capsys.readouterr().err
@@ -207,6 +277,7 @@ def test_fuzz_search(op, request):
     if not seconds:
         pytest.skip("give --parity-fuzz SECONDS to search each op")
     from parity.fuzz import fuzz_for_pytest
+
     ok, report = fuzz_for_pytest(request.config, op)
     if not ok:
         pytest.fail(report, pytrace=False)
@@ -216,6 +287,7 @@ def test_an_identically_zero_oracle_tensor_is_judged_on_absolute_error():
     """What fuzz found: at T = 1 without an initial state the oracle's dg is exactly 0, and a correct
     kernel's rounding noise (2.6e-8) was failed as an infinite relative error."""
     from parity.compare import compare_tensor
+
     case = Case.from_id("simple_gla-fwdbwd-B1-T1-H1-K8-V8-fp32-C16-g_logsig")
     zero = np.zeros((1, 1, 1))
     assert compare_tensor(case, "dg", zero + 2.6e-8, zero)["verdict"] == "pass"

@@ -10,6 +10,7 @@ TPU compile records (kind "compile", DIR/<backend>/<case>.compile.json) are hand
 a small run: the passing case's candidate fails on tpu7x with a hostile error message, the
 failing case's compiles everywhere, and a case with compile records only has a numerics mismatch.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,9 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
-from parity.compare import compare_tensor
 from parity import SCHEMA_VERSION
 from parity.backends import BUILTIN
+from parity.compare import compare_tensor
 from parity.html import build_report, write_report
 from parity.html.build import COMPILE_LABEL
 from parity.records import base_record, result_path, worst_verdict, write_json
@@ -42,22 +43,53 @@ def synthetic_oracle(case: Case) -> dict[str, np.ndarray]:
     inputs = make_inputs(case)
     state = (len(case.seqlens) if case.seqlens else case.B, case.H, case.K, case.V)
     rng = np.random.default_rng(case.seed + case.T)
-    return {n: rng.standard_normal(state if n in ("ht", "dh0") else np.shape(inputs[INPUT_FOR[n]]))
-            for n in case.output_names()}
+    return {
+        n: rng.standard_normal(state if n in ("ht", "dh0") else np.shape(inputs[INPUT_FOR[n]]))
+        for n in case.output_names()
+    }
 
 
-def record(case: Case, backend: str, side: str, tensors: dict | None, oracle: dict, *, case_id: str | None = None,
-           status: str = "ok", error: str | None = None, platform: str = "cpu:test") -> dict:
+def record(
+    case: Case,
+    backend: str,
+    side: str,
+    tensors: dict | None,
+    oracle: dict,
+    *,
+    case_id: str | None = None,
+    status: str = "ok",
+    error: str | None = None,
+    platform: str = "cpu:test",
+) -> dict:
     spec = backend if backend in BUILTIN else f"{backend}=jax:tests.example_candidates:recurrent_scan"
     rec = base_record(case, spec, backend, side, "0" * 64, "test-html")
-    rec.update(case_id=case_id or case.id, status=status, platform=platform, implementation=f"test.{backend}",
-               versions={"jax": "0.10.2"}, kernel_time_s=0.01, wall_time_s=0.02, error=error, notes={})
+    rec.update(
+        case_id=case_id or case.id,
+        status=status,
+        platform=platform,
+        implementation=f"test.{backend}",
+        versions={"jax": "0.10.2"},
+        kernel_time_s=0.01,
+        wall_time_s=0.02,
+        error=error,
+        notes={},
+    )
     if status != "ok":
         rec.update(tensors={}, verdict=status)
     elif side == "oracle":
-        rec.update(verdict="pass", tensors={n: {"shape": list(a.shape), "rms": float(np.sqrt(np.mean(a ** 2))),
-                                                "max_abs": float(np.abs(a).max()), "nonfinite": 0, "verdict": "pass"}
-                                            for n, a in oracle.items()})
+        rec.update(
+            verdict="pass",
+            tensors={
+                n: {
+                    "shape": list(a.shape),
+                    "rms": float(np.sqrt(np.mean(a**2))),
+                    "max_abs": float(np.abs(a).max()),
+                    "nonfinite": 0,
+                    "verdict": "pass",
+                }
+                for n, a in oracle.items()
+            },
+        )
     else:
         rec["tensors"] = {n: compare_tensor(case, n, tensors[n], oracle[n]) for n in oracle}
         rec["verdict"] = worst_verdict(t["verdict"] for t in rec["tensors"].values())
@@ -71,13 +103,14 @@ def noisy(oracle: dict, rel: float, seed: int) -> dict:
 
 def write_records(out: Path, n_bulk: int = 0) -> None:
     """The fixture run: see the module docstring; `n_bulk` extra passing fwd cases for paging."""
+
     def put(rec):
         write_json(result_path(out, rec["backend"], rec["case_id"]), rec)
 
     oracle = synthetic_oracle(FAILING)
     bad = noisy(oracle, 1e-7, 2)
     for name in ("o", "dq", "dk", "dv"):  # head 1 goes wrong from chunk 2 on: a localised bug
-        bad[name][:, 2 * FAILING.chunk_size:, 1] += 5e-2 * np.std(oracle[name])
+        bad[name][:, 2 * FAILING.chunk_size :, 1] += 5e-2 * np.std(oracle[name])
     put(record(FAILING, "oracle", "oracle", None, oracle))
     put(record(FAILING, "fla", "reference", noisy(oracle, 1e-7, 1), oracle, platform="cuda:NVIDIA H100"))
     put(record(FAILING, "pallas", "candidate", bad, oracle, platform="tpu:TPU v5e"))
@@ -107,55 +140,132 @@ def write_records(out: Path, n_bulk: int = 0) -> None:
 
 
 COMPILE_ONLY = Case("simple_gla", 1, 128, 2, 64, 64, chunk_size=64, seed=11)
-HOSTILE_OP = '%379 = "tpu.matmul"(%374, %376) <{precision = #tpu.contract_precision<fp32>}> : (vector<64x128xbf16>) <b>op</b>'
+HOSTILE_OP = (
+    '%379 = "tpu.matmul"(%374, %376) <{precision = #tpu.contract_precision<fp32>}> : (vector<64x128xbf16>) <b>op</b>'
+)
 HOSTILE_LINE = 'INTERNAL: Mosaic failed to compile TPU kernel: Bad lhs type <script>alert(1)</script><img src=x onerror="window.__pwned=1">'
-HOSTILE_COMPILE_ERROR = f"XlaRuntimeError: {HOSTILE_LINE}\n\nThe MLIR operation involved:\n  {HOSTILE_OP}\n\nPlease report a bug."
+HOSTILE_COMPILE_ERROR = (
+    f"XlaRuntimeError: {HOSTILE_LINE}\n\nThe MLIR operation involved:\n  {HOSTILE_OP}\n\nPlease report a bug."
+)
 
 
 def compile_ok(target: str, seconds: float, vmem: int, model: str = "f32x6", compiled: str = "f32x6") -> dict:
     kernel = "simple_gla_chunk_fwd_h"
     agree = model == compiled
-    return {"target": target, "topology": f"{target}:2x2", "device_kind": f"TPU {target}", "ok": True, "seconds": seconds,
-            "kernels": [kernel], "memory": {"argument_size_in_bytes": 263168, "output_size_in_bytes": 131072,
-                                            "temp_size_in_bytes": 0, "generated_code_size_in_bytes": 40960},
-            "mosaic": {kernel: {"vmem_bytes": vmem, "weight_loads": 6, "matmuls": {compiled: 48}}},
-            "numerics": {"model": "tpu-mxu-v1", "kernels": {kernel: {"model": {model: 1}, "compiled": {compiled: 48}, "agree": agree}},
-                         "mismatches": [] if agree else [f"{kernel}: model ['{model}'], compiled ['{compiled}']"]}}
+    return {
+        "target": target,
+        "topology": f"{target}:2x2",
+        "device_kind": f"TPU {target}",
+        "ok": True,
+        "seconds": seconds,
+        "kernels": [kernel],
+        "memory": {
+            "argument_size_in_bytes": 263168,
+            "output_size_in_bytes": 131072,
+            "temp_size_in_bytes": 0,
+            "generated_code_size_in_bytes": 40960,
+        },
+        "mosaic": {kernel: {"vmem_bytes": vmem, "weight_loads": 6, "matmuls": {compiled: 48}}},
+        "numerics": {
+            "model": "tpu-mxu-v1",
+            "kernels": {kernel: {"model": {model: 1}, "compiled": {compiled: 48}, "agree": agree}},
+            "mismatches": [] if agree else [f"{kernel}: model ['{model}'], compiled ['{compiled}']"],
+        },
+    }
 
 
 def compile_record(case: Case, backend: str, targets: list[dict], created: str = "2026-11-23T18:00:00+0000") -> dict:
     fails = any(not t["ok"] for t in targets)
     mism = any(t.get("numerics", {}).get("mismatches") for t in targets)
-    return {"schema": SCHEMA_VERSION, "kind": "compile", "run_id": "test-html", "case_id": case.id, "case": case.to_dict(),
-            "backend": backend, "side": "candidate", "implementation": f"test.{backend}",
-            "program": "fwd" if case.direction == "fwd" else "fwd+bwd", "libtpu": "0.0.42.1", "jax": "0.10.2",
-            "numerics": "tpu-mxu-v1", "created": created, "host": "cpu-host",
-            "repro": f"parity compile --case {case.id} --backends {backend} --tpu-targets v5e,v6e,tpu7x",
-            "verdict": "compile-error" if fails else ("numerics-mismatch" if mism else "pass"),
-            "targets": {t["target"]: t for t in targets}}
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "compile",
+        "run_id": "test-html",
+        "case_id": case.id,
+        "case": case.to_dict(),
+        "backend": backend,
+        "side": "candidate",
+        "implementation": f"test.{backend}",
+        "program": "fwd" if case.direction == "fwd" else "fwd+bwd",
+        "libtpu": "0.0.42.1",
+        "jax": "0.10.2",
+        "numerics": "tpu-mxu-v1",
+        "created": created,
+        "host": "cpu-host",
+        "repro": f"parity compile --case {case.id} --backends {backend} --tpu-targets v5e,v6e,tpu7x",
+        "verdict": "compile-error" if fails else ("numerics-mismatch" if mism else "pass"),
+        "targets": {t["target"]: t for t in targets},
+    }
 
 
 def write_compile_records(out: Path, old: Path | None = None) -> None:
     """Compile records beside write_records(out): see the module docstring. `old`: an older, passing
     record for the same (case, candidate) as the tpu7x failure, which must not win."""
+
     def put(d, rec):
         path = d / rec["backend"] / f"{rec['case_id']}.compile.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rec))
 
-    failing_target = {"target": "tpu7x", "topology": "tpu7x:2x2x1", "device_kind": "TPU7x", "ok": False, "seconds": 0.3,
-                      "error": HOSTILE_COMPILE_ERROR, "error_line": HOSTILE_LINE, "error_op": HOSTILE_OP}
-    put(out, compile_record(PASSING, "pallas", [compile_ok("v5e", 0.5, 197120), compile_ok("v6e", 0.7, 197120), failing_target]))
-    put(out, compile_record(FAILING, "pallas", [compile_ok("v5e", 1.5, 3 << 20), compile_ok("v6e", 2.5, 1 << 20),
-                                                compile_ok("tpu7x", 1.0, 1 << 20)]))
+    failing_target = {
+        "target": "tpu7x",
+        "topology": "tpu7x:2x2x1",
+        "device_kind": "TPU7x",
+        "ok": False,
+        "seconds": 0.3,
+        "error": HOSTILE_COMPILE_ERROR,
+        "error_line": HOSTILE_LINE,
+        "error_op": HOSTILE_OP,
+    }
+    put(
+        out,
+        compile_record(
+            PASSING, "pallas", [compile_ok("v5e", 0.5, 197120), compile_ok("v6e", 0.7, 197120), failing_target]
+        ),
+    )
+    put(
+        out,
+        compile_record(
+            FAILING,
+            "pallas",
+            [compile_ok("v5e", 1.5, 3 << 20), compile_ok("v6e", 2.5, 1 << 20), compile_ok("tpu7x", 1.0, 1 << 20)],
+        ),
+    )
     unparsed = {**compile_ok("tpu7x", 0.45, 4096), "numerics": {"error": "no post-lower-to-llo module was written"}}
-    put(out, compile_record(COMPILE_ONLY, "pallas", [compile_ok("v5e", 0.4, 4096), compile_ok("v6e", 0.6, 4096, compiled="f32x1"),
-                                                     unparsed]))
-    (out / "gate.json").write_text(json.dumps({"kind": "gate", "bound_factor": 1.0, "compile": {
-        "targets": ["v5e", "v6e", "tpu7x"], "pairs": 3, "ok": 2, "failed": 1, "by_target": {}, "max_vmem_bytes": 3 << 20}}))
+    put(
+        out,
+        compile_record(
+            COMPILE_ONLY,
+            "pallas",
+            [compile_ok("v5e", 0.4, 4096), compile_ok("v6e", 0.6, 4096, compiled="f32x1"), unparsed],
+        ),
+    )
+    (out / "gate.json").write_text(
+        json.dumps(
+            {
+                "kind": "gate",
+                "bound_factor": 1.0,
+                "compile": {
+                    "targets": ["v5e", "v6e", "tpu7x"],
+                    "pairs": 3,
+                    "ok": 2,
+                    "failed": 1,
+                    "by_target": {},
+                    "max_vmem_bytes": 3 << 20,
+                },
+            }
+        )
+    )
     if old is not None:
-        put(old, compile_record(PASSING, "pallas", [compile_ok(t, 0.1, 1024) for t in ("v5e", "v6e", "tpu7x")],
-                                created="2026-11-22T09:00:00+0000"))
+        put(
+            old,
+            compile_record(
+                PASSING,
+                "pallas",
+                [compile_ok(t, 0.1, 1024) for t in ("v5e", "v6e", "tpu7x")],
+                created="2026-11-22T09:00:00+0000",
+            ),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +303,9 @@ def test_rows_verdicts_and_failures_first(run_dir):
     assert bad["b"]["nan"]["v"] == "nan-inf" and bad["b"]["nan"]["t"] == "o" and bad["b"]["nan"]["nan"]
     assert bad["verdict"] == "nan-inf"
     assert rows[PASSING.id]["verdict"] == "pass" and rows[PASSING.id]["b"]["pallas"]["r"] is not None
-    assert rows[HOSTILE_ID]["b"]["pallas"]["v"] == "error" and rows[HOSTILE_ID]["b"]["pallas"]["err"].startswith("</script>")
+    assert rows[HOSTILE_ID]["b"]["pallas"]["v"] == "error" and rows[HOSTILE_ID]["b"]["pallas"]["err"].startswith(
+        "</script>"
+    )
     s = rep["summary"]
     assert s["gate"]["status"] == "fail" and s["gate"]["failures"] >= 3
     assert s["verdicts"]["pass"] == 121 and list(s["verdicts"])[0] == "error"
@@ -209,7 +321,7 @@ def test_rows_verdicts_and_failures_first(run_dir):
 
 def test_page_files_escape_hostile_strings(page):
     html = page.read_text()
-    assert "<img" not in html and "</script><script>" not in html and "onerror=\"" not in html
+    assert "<img" not in html and "</script><script>" not in html and 'onerror="' not in html
     assert "&lt;/script&gt;&lt;script&gt;" in html  # the hostile platform, rendered by jinja2 as text
     assets = page.parent / "index_files"
     assert (assets / "plotly.min.js").stat().st_size > 1_000_000
@@ -234,12 +346,17 @@ def test_rewrite_removes_stale_case_files(tmp_path):
 
 def test_parity_report_command(run_dir, tmp_path, capsys):
     from parity.cli import main
+
     assert main(["report", str(run_dir), "-o", str(tmp_path / "rep.html")]) == 0
     assert (tmp_path / "rep.html").is_file() and "report:" in capsys.readouterr().out
 
 
 def test_compile_matrix_data(compile_dir):
-    for dirs in ([compile_dir], [compile_dir, compile_dir.parent / "older"], [compile_dir.parent / "older", compile_dir]):
+    for dirs in (
+        [compile_dir],
+        [compile_dir, compile_dir.parent / "older"],
+        [compile_dir.parent / "older", compile_dir],
+    ):
         rep = build_report(dirs)  # the newer (failing) record wins whichever directory comes first
         rows = {r["id"]: r for r in rep["rows"]}
         assert rows[PASSING.id]["cc"]["v"] == "compile-error"
@@ -247,7 +364,11 @@ def test_compile_matrix_data(compile_dir):
     # a case whose results all pass but whose candidate does not compile for tpu7x is not a pass
     # (the candidate's cell takes the gate's verdict, as in `parity gate`; its accuracy and bound pass)
     assert {b: c["v"] for b, c in rows[PASSING.id]["b"].items()} == {
-        "oracle": "pass", "fla": "pass", "nan": "pass", "pallas": "compile-error"}
+        "oracle": "pass",
+        "fla": "pass",
+        "nan": "pass",
+        "pallas": "compile-error",
+    }
     assert 0 < rows[PASSING.id]["b"]["pallas"]["r"] <= 1
     g = rep["summary"]["gate"]
     assert g["status"] == "fail" and g["counts"]["compile-error"] == 1 and g["counts"]["numerics-mismatch"] == 1
@@ -259,8 +380,16 @@ def test_compile_matrix_data(compile_dir):
     assert c["label"] == COMPILE_LABEL and c["pairs"] == 3 and c["failed_pairs"] == 1 and c["status"] == "fail"
     assert c["failures"] == ["1 of 3 (case, candidate) pairs fail on tpu7x"]
     assert c["mismatches"] and "v6e" in c["mismatches"][0]
-    assert {t["target"]: (t["ok"], t["failed"]) for t in c["by_target"]} == {"v5e": (3, 0), "v6e": (3, 0), "tpu7x": (2, 1)}
-    assert c["seconds"]["max"] == 2.5 and c["seconds"]["median"] == 0.6 and c["seconds"]["max_at"] == f"{FAILING.id} / pallas / v6e"
+    assert {t["target"]: (t["ok"], t["failed"]) for t in c["by_target"]} == {
+        "v5e": (3, 0),
+        "v6e": (3, 0),
+        "tpu7x": (2, 1),
+    }
+    assert (
+        c["seconds"]["max"] == 2.5
+        and c["seconds"]["median"] == 0.6
+        and c["seconds"]["max_at"] == f"{FAILING.id} / pallas / v6e"
+    )
     assert c["vmem"]["text"] == "3.00 MiB" and c["vmem"]["case"] == FAILING.id and c["vmem"]["target"] == "v5e"
     cells = {(m["id"], t): x for m in c["rows"] for t, x in m["cells"].items()}
     assert cells[(PASSING.id, "tpu7x")] == {"ok": False, "s": "0.30", "err": HOSTILE_LINE, "mm": 0}
@@ -282,7 +411,10 @@ def test_compile_page_matrix_and_escaping(compile_page):
     assert "TPU compile: 1 of 3 (case, candidate) pairs fail on tpu7x" in " ".join(alert.split())
     matrix = re.search(r'<table id="compile-matrix".*?</table>', html, re.S)[0]
     cells = re.findall(r'<tr data-case="([^"]*)" data-backend="pallas">(.*?)</tr>', matrix, re.S)
-    got = {cid: {t: cls for cls, t in re.findall(r'<td class="cc (cc-\w+)[^"]*" data-target="(\w+)"', body)} for cid, body in cells}
+    got = {
+        cid: {t: cls for cls, t in re.findall(r'<td class="cc (cc-\w+)[^"]*" data-target="(\w+)"', body)}
+        for cid, body in cells
+    }
     assert got[PASSING.id] == {"v5e": "cc-ok", "v6e": "cc-ok", "tpu7x": "cc-error"}
     assert got[FAILING.id] == {"v5e": "cc-ok", "v6e": "cc-ok", "tpu7x": "cc-ok"}
     flat = " ".join(html.split())
@@ -299,9 +431,18 @@ def browser():
         pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; scripts/browser.sh)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        b = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         yield b
         b.close()
 
@@ -386,8 +527,8 @@ def test_failing_detail_shows_plots(tab):
     assert tab.locator("#cases").is_hidden() and tab.locator("#detail-title").text_content().endswith(FAILING.id)
     assert int(tab.get_attribute("#detail", "data-plots")) >= 10
     o = tab.locator("section.tensor[data-tensor='o']")
-    assert o.locator(".plot.profile .scatterlayer .trace").count() >= 3   # fla, nan, pallas (+ tol lines)
-    assert o.locator(".plot.heatmap .heatmaplayer .hm").count() == 3    # one time x head map per backend
+    assert o.locator(".plot.profile .scatterlayer .trace").count() >= 3  # fla, nan, pallas (+ tol lines)
+    assert o.locator(".plot.heatmap .heatmaplayer .hm").count() == 3  # one time x head map per backend
     assert o.locator("table.worst tbody tr").count() == 15
     assert "first over tol: chunk 2 (t=128), head 1" in o.locator("table.metrics").text_content()
     assert "NaN" in o.text_content()
@@ -409,7 +550,9 @@ def test_hostile_strings_render_as_text(tab):
     assert tab.locator("details.error pre").first.text_content() == HOSTILE_ERROR
     assert tab.evaluate("window.__pwned") is None
     assert tab.evaluate("document.querySelectorAll('img').length") == 0
-    assert tab.evaluate("[...document.scripts].every(s => !s.textContent.includes('__pwned=1') || s.type === 'application/json')")
+    assert tab.evaluate(
+        "[...document.scripts].every(s => !s.textContent.includes('__pwned=1') || s.type === 'application/json')"
+    )
     assert tab.errors == []
 
 
@@ -423,7 +566,10 @@ def test_compile_matrix_and_detail_in_browser(compile_tab):
     tab.select_option("#f-verdict", "!pass")
     assert PASSING.id in visible_ids(tab) and COMPILE_ONLY.id in visible_ids(tab)
     row = tab.locator("#case-table tbody tr", has=tab.locator("a", has_text=PASSING.id))
-    assert "compile-error" in row.locator("td.compile").text_content() and "pallas: tpu7x" in row.locator("td.compile").text_content()
+    assert (
+        "compile-error" in row.locator("td.compile").text_content()
+        and "pallas: tpu7x" in row.locator("td.compile").text_content()
+    )
     tab.select_option("#f-verdict", "")
     cell.locator("xpath=..").locator("td.id a").click()  # from the matrix to the case
     tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
@@ -446,8 +592,13 @@ def test_compile_matrix_and_detail_in_browser(compile_tab):
     tab.screenshot(path=str(SCREENSHOTS / "compile-index.png"), full_page=False)
     tab.locator(f"#compile-matrix tr[data-case='{COMPILE_ONLY.id}'] td.id a").click()
     tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
-    assert "numerics mismatch" in tab.locator("section.compile .compile-target[data-target='v6e'] p.mismatch").text_content()
-    assert "numerics check not made" in tab.locator("section.compile .compile-target[data-target='tpu7x']").text_content()
+    assert (
+        "numerics mismatch"
+        in tab.locator("section.compile .compile-target[data-target='v6e'] p.mismatch").text_content()
+    )
+    assert (
+        "numerics check not made" in tab.locator("section.compile .compile-target[data-target='tpu7x']").text_content()
+    )
     assert tab.evaluate("window.__pwned") is None
     assert tab.evaluate("document.querySelectorAll('img, b').length") == 0
     assert tab.errors == []
@@ -456,6 +607,7 @@ def test_compile_matrix_and_detail_in_browser(compile_tab):
 def test_unreadable_compile_record_is_refused_not_skipped(tmp_path):
     """As for result records: what the report cannot read is an error, never silently left out."""
     from parity.records import RecordError
+
     write_records(tmp_path)
     write_compile_records(tmp_path)
     (tmp_path / "pallas" / "broken.compile.json").write_text("{not json")
@@ -467,21 +619,35 @@ def test_unsupported_is_not_applicable_and_never_outranks_a_pass(tmp_path):
     """The smoke page's bug: pallas passes every case, pallas-fused has no kernel for most; each
     case's headline is its applicable candidates' verdict (pass), a case no candidate applies to
     is 'unsupported' (shown as not applicable), and a failing candidate still shows."""
+
     def put(rec):
         write_json(result_path(tmp_path, rec["backend"], rec["case_id"]), rec)
 
     both = Case("gla", 1, 64, 1, 64, 64, direction="fwd", seed=21)
     fused_only_fails = Case("gla", 1, 64, 1, 64, 64, direction="fwd", seed=22)
     none = Case("gla", 1, 64, 1, 64, 64, direction="fwd", seed=23)
-    for case, pallas, fused in ((both, "ok", "unsupported"), (fused_only_fails, "ok", "ok"), (none, "unsupported", "unsupported")):
+    for case, pallas, fused in (
+        (both, "ok", "unsupported"),
+        (fused_only_fails, "ok", "ok"),
+        (none, "unsupported", "unsupported"),
+    ):
         oracle = synthetic_oracle(case)
         put(record(case, "oracle", "oracle", None, oracle))
         put(record(case, "fla", "reference", noisy(oracle, 1e-7, 1), oracle))
         for name, status in (("pallas", pallas), ("pallas-fused", fused)):
             bad = name == "pallas-fused" and case is fused_only_fails
             tensors = noisy(oracle, 1e-2 if bad else 5e-8, 2) if status == "ok" else None
-            put(record(case, name, "candidate", tensors, oracle, status=status,
-                       error="no kernel for op 'gla'" if status != "ok" else None))
+            put(
+                record(
+                    case,
+                    name,
+                    "candidate",
+                    tensors,
+                    oracle,
+                    status=status,
+                    error="no kernel for op 'gla'" if status != "ok" else None,
+                )
+            )
     rep = build_report([tmp_path])
     rows = {r["id"]: r for r in rep["rows"]}
     assert rows[both.id]["b"]["pallas-fused"]["v"] == "unsupported" and rows[both.id]["verdict"] == "pass"

@@ -5,6 +5,7 @@ chunk_gla, chunk_kda) and must raise the same error, "<op>: <argument> must ..."
 plan is checked against an independent per-token walk, host and traced alike; head dims off
 the tiles (K != V, odd sizes, V = 512) and empty packed sequences run on every op against the
 float64 oracle."""
+
 from __future__ import annotations
 
 import jax
@@ -23,7 +24,7 @@ from kernels_jax.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
 from parity.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
 
-ENTRY_POINTS = {   # name -> (function, op prefix of its errors, its gate argument)
+ENTRY_POINTS = {  # name -> (function, op prefix of its errors, its gate argument)
     "chunk_simple_gla": (chunk_simple_gla, "simple_gla", "g_gamma"),
     "fused_chunk_simple_gla": (fused_chunk_simple_gla, "simple_gla", "g_gamma"),
     "chunk_gla": (chunk_gla, "gla", "g"),
@@ -62,10 +63,14 @@ BAD = [  # (the message after "<op>: ", a change of the valid arguments)
     ("scale must be None (K ** -0.5) or a Python number", lambda e, kw: {**kw, "scale": "0.1"}),
     ("output_final_state must be a bool", lambda e, kw: {**kw, "output_final_state": "yes"}),
     ("initial_state must have shape (1, 2, 64, 64)", lambda e, kw: {**kw, "initial_state": jnp.zeros((2, 2, 64, 64))}),
-    ("cu_seqlens must rise from 0 to T = 40 without decreasing, got [0, 10, 30]",
-     lambda e, kw: {**kw, "cu_seqlens": np.array([0, 10, 30])}),
-    ("cu_seqlens must rise from 0 to T = 40 without decreasing, got [0, 30, 10, 40]",
-     lambda e, kw: {**kw, "cu_seqlens": np.array([0, 30, 10, 40])}),
+    (
+        "cu_seqlens must rise from 0 to T = 40 without decreasing, got [0, 10, 30]",
+        lambda e, kw: {**kw, "cu_seqlens": np.array([0, 10, 30])},
+    ),
+    (
+        "cu_seqlens must rise from 0 to T = 40 without decreasing, got [0, 30, 10, 40]",
+        lambda e, kw: {**kw, "cu_seqlens": np.array([0, 30, 10, 40])},
+    ),
     ("cu_seqlens must be an integer array [N + 1]", lambda e, kw: {**kw, "cu_seqlens": np.array([0.0, 40.0])}),
     ("cu_seqlens must have N + 1 >= 2 entries", lambda e, kw: {**kw, "cu_seqlens": np.array([0])}),
     ("cu_seqlens must come with B == 1 (sequences packed along T), got B = 2", lambda e, kw: _batch2(e)),
@@ -89,6 +94,7 @@ def _call(entry, kw, monkeypatch):
 
     def reached(*a, **k):
         raise Reached
+
     monkeypatch.setattr(config, "plan", reached)
     kw = dict(kw)
     return fn(kw.pop("q"), kw.pop("k"), kw.pop("v"), **kw), Reached
@@ -109,8 +115,10 @@ def test_same_bad_input_same_error_on_every_entry_point(entry, message, change, 
 @pytest.mark.parametrize("message,dims", NO_KERNEL, ids=[m[:30] for m, _ in NO_KERNEL])
 def test_valid_input_without_a_kernel_is_no_kernel(entry, message, dims, monkeypatch):
     op = ENTRY_POINTS[entry][1]
-    with pytest.raises(NoKernel, match="^" + f"{op}: {message}".replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        NoKernel,
+        match="^" + f"{op}: {message}".replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]"),
+    ):
         _call(entry, valid_args(entry, **dims), monkeypatch)
 
 
@@ -153,8 +161,16 @@ def _walk(B, T, C, cu):
     return dict(seq=seq, first=first, last=last, length=length, src=src)
 
 
-@pytest.mark.parametrize("B,T,C,cu", [(2, 100, 64, None), (1, 130, 64, [0, 45, 46, 130]), (1, 40, 16, [0, 10, 10, 40]),
-                                      (1, 64, 32, [0, 64]), (3, 1, 16, None)])
+@pytest.mark.parametrize(
+    "B,T,C,cu",
+    [
+        (2, 100, 64, None),
+        (1, 130, 64, [0, 45, 46, 130]),
+        (1, 40, 16, [0, 10, 10, 40]),
+        (1, 64, 32, [0, 64]),
+        (3, 1, 16, None),
+    ],
+)
 def test_plan_matches_a_token_walk_host_and_traced(B, T, C, cu):
     want = _walk(B, T, C, cu)
     host = layout_mod.plan(B, T, C, None if cu is None else np.asarray(cu, np.int32))
@@ -166,10 +182,10 @@ def test_plan_matches_a_token_walk_host_and_traced(B, T, C, cu):
         return
     traced = jax.jit(lambda c: layout_mod.plan(B, T, C, c))(jnp.asarray(cu, jnp.int32))
     NT = len(want["seq"])
-    assert traced.NT >= NT   # the static bound; the spare chunks are padding of the last sequence
+    assert traced.NT >= NT  # the static bound; the spare chunks are padding of the last sequence
     for name in ("seq", "first", "length"):
         np.testing.assert_array_equal(np.asarray(getattr(traced, name))[:NT], want[name], err_msg=name)
-    np.testing.assert_array_equal(np.asarray(traced.src)[:NT * C], want["src"])
+    np.testing.assert_array_equal(np.asarray(traced.src)[: NT * C], want["src"])
     assert np.all(np.asarray(traced.length)[NT:] == 0) and np.asarray(traced.last)[-1] == 1
     np.testing.assert_array_equal(traced.unpack(traced.pack(x)), x)
 
@@ -215,8 +231,15 @@ def test_empty_sequence_passes_its_state_through(entry):
 
     def run(cu, h0):
         args = {k: v for k, v in kw.items() if k not in ("q", "k", "v")}
-        return fn(kw["q"], kw["k"], kw["v"], **args, initial_state=h0, output_final_state=True,
-                  cu_seqlens=np.asarray(cu, np.int32))
+        return fn(
+            kw["q"],
+            kw["k"],
+            kw["v"],
+            **args,
+            initial_state=h0,
+            output_final_state=True,
+            cu_seqlens=np.asarray(cu, np.int32),
+        )
 
     o, ht = run([0, 10, 10, 40], h0)
     o2, ht2 = run([0, 10, 40], h0[jnp.array([0, 2])])

@@ -3,6 +3,7 @@ input validation, and the Mosaic lowering of every kernel (jax.export for TPU on
 
 Each accuracy case compiles its kernels once (interpret mode: a few seconds per
 forward+backward), so the cases are few and each covers several features."""
+
 from __future__ import annotations
 
 import jax
@@ -12,11 +13,10 @@ import pytest
 
 from cases import Case
 from cases.inputs import make_inputs
-from parity.backends.calling import run_jax
-from tests.helpers import assert_matches_oracle
-
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.gla import chunk_gla
+from parity.backends.calling import run_jax
+from tests.helpers import assert_matches_oracle
 
 VARLEN_ID = "gla-fwdbwd-B1-T130-H1-K64-V64-fp32-C128-g_stress-h0-ht-lens45_1_84"
 ACCURACY = [
@@ -54,14 +54,29 @@ def test_packed_equals_separate_sequences_and_empty_sequence_keeps_h0():
     x = {n: jnp.asarray(a) for n, a in make_inputs(case).items()}
     cu = np.array([0, 40, 40, 80])
     h0 = jnp.concatenate([x["initial_state"][:1], 3.0 + x["initial_state"][:1], x["initial_state"][1:]])
-    o, ht = chunk_gla(x["q"], x["k"], x["v"], x["g"], initial_state=h0, output_final_state=True,
-                      cu_seqlens=jnp.asarray(cu, jnp.int32), chunk_size=64)
+    o, ht = chunk_gla(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        initial_state=h0,
+        output_final_state=True,
+        cu_seqlens=jnp.asarray(cu, jnp.int32),
+        chunk_size=64,
+    )
     assert ht.shape == (3, 1, 64, 64)
     np.testing.assert_array_equal(np.asarray(ht[1]), np.asarray(h0[1]))
     for n in (0, 2):
         s = slice(cu[n], cu[n + 1])
-        o1, ht1 = chunk_gla(x["q"][:, s], x["k"][:, s], x["v"][:, s], x["g"][:, s], initial_state=h0[n:n + 1],
-                            output_final_state=True, chunk_size=64)
+        o1, ht1 = chunk_gla(
+            x["q"][:, s],
+            x["k"][:, s],
+            x["v"][:, s],
+            x["g"][:, s],
+            initial_state=h0[n : n + 1],
+            output_final_state=True,
+            chunk_size=64,
+        )
         np.testing.assert_allclose(np.asarray(o[:, s]), np.asarray(o1), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(ht[n]), np.asarray(ht1[0]), rtol=1e-5, atol=1e-5)
 
@@ -113,7 +128,6 @@ def test_kernels_lower_for_tpu(K, V, chunk, dtype, varlen):
         return vjp((o, ht))
 
     with compile_for_tpu():
-        texts = [jax.export.export(jax.jit(f), platforms=["tpu"])(q, q, v, g, h0).mlir_module()
-                 for f in (fwd, fwdbwd)]
+        texts = [jax.export.export(jax.jit(f), platforms=["tpu"])(q, q, v, g, h0).mlir_module() for f in (fwd, fwdbwd)]
     assert texts[0].count("tpu_custom_call") == 1 and "gla_chunk_fwd" in texts[0]
     assert texts[1].count("tpu_custom_call") == 2 and "gla_chunk_bwd" in texts[1]

@@ -4,6 +4,7 @@ Inputs come from the case registry, tolerances from parity.tol through parity.co
 forward output and every gradient must pass. Shapes are small: compiling an interpret-mode
 kernel dominates the time, so tests reuse a few shapes.
 """
+
 from __future__ import annotations
 
 import jax
@@ -43,8 +44,9 @@ def _packed_call(inputs, cu_seqlens, chunk_size):
     args = [jnp.asarray(inputs[n]) for n in ("q", "k", "v", "g", "beta", "initial_state")]
 
     def f(q, k, v, g, beta, h0):
-        return chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                         cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+        return chunk_kda(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens, chunk_size=chunk_size
+        )
 
     (o, ht), vjp = jax.vjp(f, *args)
     grads = vjp((jnp.asarray(inputs["do"]), jnp.asarray(inputs["dht"])))
@@ -61,8 +63,9 @@ def test_varlen_state_does_not_leak():
     changed = {n: a.copy() for n, a in inputs.items()}
     rng = np.random.default_rng(1)
     for n in ("q", "k", "v", "g", "beta", "do"):
-        changed[n][:, first] = (inputs[n][:, first].astype(np.float32)
-                                * rng.uniform(0.5, 1.5, inputs[n][:, first].shape)).astype(inputs[n].dtype)
+        changed[n][:, first] = (
+            inputs[n][:, first].astype(np.float32) * rng.uniform(0.5, 1.5, inputs[n][:, first].shape)
+        ).astype(inputs[n].dtype)
     changed["initial_state"][0] += 1.0
     changed["dht"][0] += 1.0
     o, ht, grads = _packed_call(inputs, cu, case.chunk_size)
@@ -70,10 +73,10 @@ def test_varlen_state_does_not_leak():
     assert not np.array_equal(o[:, first], o2[:, first])
     np.testing.assert_array_equal(o[:, rest], o2[:, rest])
     np.testing.assert_array_equal(ht[1:], ht2[1:])
-    for a, b in zip(grads[:5], grads2[:5]):        # dq, dk, dv, dg, dbeta
+    for a, b in zip(grads[:5], grads2[:5]):  # dq, dk, dv, dg, dbeta
         assert not np.array_equal(a[:, first], b[:, first])
         np.testing.assert_array_equal(a[:, rest], b[:, rest])
-    np.testing.assert_array_equal(grads[5][1:], grads2[5][1:])   # dh0
+    np.testing.assert_array_equal(grads[5][1:], grads2[5][1:])  # dh0
 
 
 def test_traced_cu_seqlens_matches_concrete():
@@ -103,14 +106,16 @@ def test_lowers_for_tpu():
     g, beta, h0 = jnp.zeros((B, T, H, K)), jnp.zeros((B, T, H)), jnp.zeros((2, H, K, V))
 
     def fwd_bwd(q, k, v, g, beta, h0, cu):
-        f = lambda q, k, v, g, beta, h0: chunk_kda(q, k, v, g, beta, initial_state=h0,
-                                                   output_final_state=True, cu_seqlens=cu)
+        f = lambda q, k, v, g, beta, h0: chunk_kda(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
+        )
         outs, vjp = jax.vjp(f, q, k, v, g, beta, h0)
         return outs, vjp(outs)
 
     with compile_for_tpu():
         exported = jax.export.export(jax.jit(fwd_bwd), platforms=["tpu"])(
-            q, q, v, g, beta, h0, jnp.array([0, 37, 100], jnp.int32))
+            q, q, v, g, beta, h0, jnp.array([0, 37, 100], jnp.int32)
+        )
     text = exported.mlir_module()
     assert text.count("tpu_custom_call") == len(KERNELS)
     for kernel in KERNELS:

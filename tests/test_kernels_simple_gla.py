@@ -3,8 +3,8 @@ validation, and the Mosaic lowering of every kernel (jax.export for TPU on this 
 
 Each accuracy case compiles its kernels once (interpret mode: ~10 s per forward+backward),
 so the cases are few and each covers several features."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
@@ -13,11 +13,10 @@ import pytest
 
 from cases import Case
 from cases.inputs import make_inputs
-from parity.backends.calling import run_jax
-from tests.helpers import assert_matches_oracle
-
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
+from parity.backends.calling import run_jax
+from tests.helpers import assert_matches_oracle
 
 ACCURACY = [
     # chunked: per-token g with |g| * C ~ 128 > 88.7, varlen with boundaries off the chunk grid, h0/ht
@@ -39,7 +38,7 @@ def test_matches_float64_oracle_within_tol(impl, case_id):
     got, _ = run_jax(KERNELS[impl], case, inputs)
     assert_matches_oracle(case, got)
     if case.uses_g_gamma:
-        assert np.abs(got["dg_gamma"]).min() > 0   # seed 002: a real gradient, not zeros
+        assert np.abs(got["dg_gamma"]).min() > 0  # seed 002: a real gradient, not zeros
 
 
 def _packed_vs_separate(fn, gate_name):
@@ -47,14 +46,29 @@ def _packed_vs_separate(fn, gate_name):
     case = Case.from_id(f"simple_gla-fwd-B1-T90-H1-K64-V64-fp32-C64-{gate_name}-h0-ht-lens20_70")
     x = {n: jnp.asarray(a) for n, a in make_inputs(case).items()}
     gate = {case.gate_name: x[case.gate_name]}
-    o, ht = fn(x["q"], x["k"], x["v"], **gate, initial_state=x["initial_state"], output_final_state=True,
-               cu_seqlens=x["cu_seqlens"], chunk_size=64)
+    o, ht = fn(
+        x["q"],
+        x["k"],
+        x["v"],
+        **gate,
+        initial_state=x["initial_state"],
+        output_final_state=True,
+        cu_seqlens=x["cu_seqlens"],
+        chunk_size=64,
+    )
     cu = np.asarray(x["cu_seqlens"])
     for n in range(len(cu) - 1):
         s = slice(cu[n], cu[n + 1])
         g1 = {k: (v[:, s] if k == "g" else v) for k, v in gate.items()}
-        o1, ht1 = fn(x["q"][:, s], x["k"][:, s], x["v"][:, s], **g1, initial_state=x["initial_state"][n:n + 1],
-                     output_final_state=True, chunk_size=64)
+        o1, ht1 = fn(
+            x["q"][:, s],
+            x["k"][:, s],
+            x["v"][:, s],
+            **g1,
+            initial_state=x["initial_state"][n : n + 1],
+            output_final_state=True,
+            chunk_size=64,
+        )
         np.testing.assert_allclose(np.asarray(o[:, s]), np.asarray(o1), rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(np.asarray(ht[n]), np.asarray(ht1[0]), rtol=2e-5, atol=2e-5)
 
@@ -66,14 +80,21 @@ def test_packed_equals_separate_sequences_chunk():
 # ------------------------------------------------------------------------------------------------
 # lowering: every kernel (chunk fwd_h, fwd_o, bwd_dh, bwd_dv, bwd_dqk; fused fwd, bwd) for TPU
 
-CHUNK_KERNELS = {"simple_gla_chunk_fwd_h", "simple_gla_chunk_fwd_o", "simple_gla_chunk_bwd_dh",
-                 "simple_gla_chunk_bwd_dv", "simple_gla_chunk_bwd_dqk"}
+CHUNK_KERNELS = {
+    "simple_gla_chunk_fwd_h",
+    "simple_gla_chunk_fwd_o",
+    "simple_gla_chunk_bwd_dh",
+    "simple_gla_chunk_bwd_dv",
+    "simple_gla_chunk_bwd_dqk",
+}
 FUSED_KERNELS = {"simple_gla_fused_fwd", "simple_gla_fused_bwd"}
 
 
-@pytest.mark.parametrize("fn,gate,kernels", [(chunk_simple_gla, "g", CHUNK_KERNELS),
-                                             (fused_chunk_simple_gla, "g_gamma", FUSED_KERNELS)],
-                         ids=["chunk", "fused"])
+@pytest.mark.parametrize(
+    "fn,gate,kernels",
+    [(chunk_simple_gla, "g", CHUNK_KERNELS), (fused_chunk_simple_gla, "g_gamma", FUSED_KERNELS)],
+    ids=["chunk", "fused"],
+)
 def test_every_kernel_lowers_for_tpu(fn, gate, kernels):
     T, H, K, V = 200, 2, 256, 128
     q = jnp.zeros((1, T, H, K), jnp.bfloat16)
@@ -84,9 +105,9 @@ def test_every_kernel_lowers_for_tpu(fn, gate, kernels):
 
     def fwd_bwd(q, k, v, gv, h0):
         def f(q, k, v, gv, h0):
-            o, ht = fn(q, k, v, **{gate: gv}, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                       chunk_size=128)
+            o, ht = fn(q, k, v, **{gate: gv}, initial_state=h0, output_final_state=True, cu_seqlens=cu, chunk_size=128)
             return o, ht
+
         (o, ht), vjp = jax.vjp(f, q, k, v, gv, h0)
         return o, ht, vjp((jnp.ones_like(o), jnp.ones_like(ht)))
 

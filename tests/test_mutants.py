@@ -1,5 +1,6 @@
 """The mutation suite: every mutant is caught on its witness case, where the unmutated
 kernel passes the same gate; the score and the CLI's bad input."""
+
 from __future__ import annotations
 
 import functools
@@ -74,6 +75,7 @@ def test_parallel_chunk_axis_names_its_hazard(tmp_path):
 
 def test_mutants_cli_rejects_unknown_mutant(capsys):
     from parity.cli import main
+
     assert main(["mutants", "--suite", "smoke", "--only", "no-such-mutant"]) == 2
     assert "no-such-mutant" in capsys.readouterr().err
 
@@ -81,6 +83,10 @@ def test_mutants_cli_rejects_unknown_mutant(capsys):
 def test_kv_swapped_scale_is_invisible_where_k_equals_v(tmp_path):
     """Why ci needs K != V: with K == V the swapped scale is the right one."""
     mutant = BY_NAME["kv-swapped-scale"]
-    gate = _run(Case.from_id("simple_gla-fwd-B1-T80-H2-K64-V64-fp32-C64-g_logsig"), ["fla", f"mutant:{mutant.name}"],
-                tmp_path, tpu_targets=())
+    gate = _run(
+        Case.from_id("simple_gla-fwd-B1-T80-H2-K64-V64-fp32-C64-g_logsig"),
+        ["fla", f"mutant:{mutant.name}"],
+        tmp_path,
+        tpu_targets=(),
+    )
     assert score(gate, [mutant])["caught"] == 0

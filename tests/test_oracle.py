@@ -1,5 +1,6 @@
 """The float64 oracle, proven by independent means: a second formulation per op, finite
 differences of every gradient, FLA's naive torch recurrences, and varlen == separate runs."""
+
 import numpy as np
 import pytest
 
@@ -19,7 +20,7 @@ def quadratic_gla(q, k, v, G, scale, h0):
     + scale * (q_t * exp(G_t)) h0, and h_T = exp(G_T) h0 + sum_s exp(G_T - G_s) k_s^T v_s,
     with G the inclusive cumulative sum of the per-channel log-decay [B, T, H, K]."""
     B, T, H, K = q.shape
-    D = G[:, :, None] - G[:, None, :]                                   # [B, t, s, H, K]
+    D = G[:, :, None] - G[:, None, :]  # [B, t, s, H, K]
     mask = np.tril(np.ones((T, T), bool))[None, :, :, None, None]
     A = np.einsum("bthk,btshk,bshk->bhts", q, np.exp(np.where(mask, D, -np.inf)), k)
     o = scale * np.einsum("bhts,bshv->bthv", A, v)
@@ -54,8 +55,16 @@ def _args(case):
 def test_simple_gla_equals_quadratic_form(gate):
     c = Case("simple_gla", 2, 70, 3, 16, 8, gate=gate, h0=True, ht=True)
     x = _args(c)
-    o, ht = simple_gla.forward(x["q"], x["k"], x["v"], g=x.get("g"), g_gamma=x.get("g_gamma"),
-                               scale=c.scale_value, initial_state=x["initial_state"], output_final_state=True)
+    o, ht = simple_gla.forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        g=x.get("g"),
+        g_gamma=x.get("g_gamma"),
+        scale=c.scale_value,
+        initial_state=x["initial_state"],
+        output_final_state=True,
+    )
     g = x["g"] if "g" in x else np.broadcast_to(x["g_gamma"], (2, 70, 3))
     G = np.broadcast_to(np.cumsum(g, axis=1)[..., None], x["q"].shape)
     o2, ht2 = quadratic_gla(x["q"], x["k"], x["v"], G, c.scale_value, x["initial_state"])
@@ -65,8 +74,9 @@ def test_simple_gla_equals_quadratic_form(gate):
 def test_gla_equals_quadratic_form():
     c = Case("gla", 2, 70, 2, 16, 8, h0=True, ht=True)
     x = _args(c)
-    o, ht = gla.forward(x["q"], x["k"], x["v"], x["g"], scale=0.3, initial_state=x["initial_state"],
-                        output_final_state=True)
+    o, ht = gla.forward(
+        x["q"], x["k"], x["v"], x["g"], scale=0.3, initial_state=x["initial_state"], output_final_state=True
+    )
     o2, ht2 = quadratic_gla(x["q"], x["k"], x["v"], np.cumsum(x["g"], axis=1), 0.3, x["initial_state"])
     assert rel_rms(o, o2) < F64_AGREEMENT and rel_rms(ht, ht2) < F64_AGREEMENT
 
@@ -74,8 +84,16 @@ def test_gla_equals_quadratic_form():
 def test_kda_equals_numpy_loop():
     c = Case("kda", 2, 40, 2, 16, 8, h0=True, ht=True)
     x = _args(c)
-    o, ht = kda.forward(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=c.scale_value,
-                        initial_state=x["initial_state"], output_final_state=True)
+    o, ht = kda.forward(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        scale=c.scale_value,
+        initial_state=x["initial_state"],
+        output_final_state=True,
+    )
     o2, ht2 = kda_loop(x["q"], x["k"], x["v"], x["g"], x["beta"], c.scale_value, x["initial_state"])
     assert rel_rms(o, o2) < F64_AGREEMENT and rel_rms(ht, ht2) < F64_AGREEMENT
 
@@ -92,6 +110,7 @@ FD_CASES = [
 def test_every_gradient_matches_central_finite_differences(case):
     """<grad_X, D> == (L(X + eps D) - L(X - eps D)) / 2 eps with L = <do, o> + <dht, ht>."""
     from references import _op_kwargs
+
     x = {n: a if n == "cu_seqlens" else f64(a) for n, a in make_inputs(case).items()}
     kw = _op_kwargs(case, x)
     mod = {"simple_gla": simple_gla, "gla": gla, "kda": kda}[case.op]
@@ -125,18 +144,22 @@ def test_conventions_agree_with_fla_naive_recurrences(op):
     from fla.ops.gla.naive import naive_recurrent_gla
     from fla.ops.kda.naive import naive_recurrent_kda
     from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
+
     c = Case(op, 2, 50, 2, 16, 16, h0=True, ht=True, scale=None)
     x = make_inputs(c)
     t = {n: torch.from_numpy(np.asarray(a, np.float64)) for n, a in x.items()}
     if op == "simple_gla":
-        o2, ht2 = naive_recurrent_simple_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
-                                             output_final_state=True)
+        o2, ht2 = naive_recurrent_simple_gla(
+            t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"], output_final_state=True
+        )
     elif op == "gla":
-        o2, ht2 = naive_recurrent_gla(t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"],
-                                      output_final_state=True)
+        o2, ht2 = naive_recurrent_gla(
+            t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"], output_final_state=True
+        )
     else:
-        o2, ht2 = naive_recurrent_kda(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["initial_state"],
-                                      output_final_state=True)
+        o2, ht2 = naive_recurrent_kda(
+            t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["initial_state"], output_final_state=True
+        )
     r = oracle_run(c.replace(direction="fwd"), x)
     e_o, e_ht = rel_rms(o2.numpy(), r["o"]), rel_rms(ht2.numpy(), r["ht"])
     assert e_o < FLA_NAIVE_AGREEMENT and e_ht < FLA_NAIVE_AGREEMENT, (e_o, e_ht)
@@ -151,38 +174,60 @@ def test_varlen_equals_each_sequence_alone(op):
     cu = packed.cu_seqlens
     for n, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
         one = Case(op, 1, e - s, 2, 8, 4, h0=True, ht=True)
-        xi = {k: (a[:, s:e] if a.ndim >= 3 and a.shape[:2] == (1, packed.T) else a) for k, a in x.items()
-              if k != "cu_seqlens"}
-        xi["initial_state"], xi["dht"] = x["initial_state"][n:n + 1], x["dht"][n:n + 1]
+        xi = {
+            k: (a[:, s:e] if a.ndim >= 3 and a.shape[:2] == (1, packed.T) else a)
+            for k, a in x.items()
+            if k != "cu_seqlens"
+        }
+        xi["initial_state"], xi["dht"] = x["initial_state"][n : n + 1], x["dht"][n : n + 1]
         ri = oracle_run(one, xi)
         for name in ("o", "dq", "dk", "dv", "dg"):
             np.testing.assert_allclose(r[name][:, s:e], ri[name], rtol=1e-12, atol=1e-12, err_msg=name)
         for name in ("ht", "dh0"):
-            np.testing.assert_allclose(r[name][n:n + 1], ri[name], rtol=1e-12, atol=1e-12, err_msg=name)
+            np.testing.assert_allclose(r[name][n : n + 1], ri[name], rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 def test_oracle_does_not_enable_x64_process_wide():
     import jax
+
     oracle_run(FD_CASES[0], make_inputs(FD_CASES[0]))
     assert not jax.config.jax_enable_x64
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda x: simple_gla.forward(x["q"][..., :8], x["k"], x["v"], g=x["g"]), "k must have the shape of q"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"][:, :5], g=x["g"]), r"v must have shape \[B, T, H, V\]"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], g_gamma=np.zeros(2)), "g or g_gamma, not both"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"][..., :1]), r"g must have shape \(1, 16, 2\)"),
-    (lambda x: simple_gla.forward(x["q"][0], x["k"], x["v"], g=x["g"]), "q must have rank 4"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[1, 16]), "cu_seqlens must start at 0"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[0, 9, 9, 16]), "strictly increasing"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[0, 9]), "must end at T=16"),
-    (lambda x: simple_gla.forward(np.concatenate([x["q"]] * 2), np.concatenate([x["k"]] * 2),
-                                  np.concatenate([x["v"]] * 2), g=np.concatenate([x["g"]] * 2),
-                                  cu_seqlens=[0, 16]), "requires B == 1"),
-    (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], initial_state=np.zeros((2, 2, 16, 16))),
-     r"initial_state must have shape \[N, H, K, V\]"),
-    (lambda x: kda.forward(x["q"], x["k"], x["v"], x["g"][..., None].repeat(16, -1), None), "beta"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x: simple_gla.forward(x["q"][..., :8], x["k"], x["v"], g=x["g"]), "k must have the shape of q"),
+        (lambda x: simple_gla.forward(x["q"], x["k"], x["v"][:, :5], g=x["g"]), r"v must have shape \[B, T, H, V\]"),
+        (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], g_gamma=np.zeros(2)), "g or g_gamma, not both"),
+        (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"][..., :1]), r"g must have shape \(1, 16, 2\)"),
+        (lambda x: simple_gla.forward(x["q"][0], x["k"], x["v"], g=x["g"]), "q must have rank 4"),
+        (
+            lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[1, 16]),
+            "cu_seqlens must start at 0",
+        ),
+        (
+            lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[0, 9, 9, 16]),
+            "strictly increasing",
+        ),
+        (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], cu_seqlens=[0, 9]), "must end at T=16"),
+        (
+            lambda x: simple_gla.forward(
+                np.concatenate([x["q"]] * 2),
+                np.concatenate([x["k"]] * 2),
+                np.concatenate([x["v"]] * 2),
+                g=np.concatenate([x["g"]] * 2),
+                cu_seqlens=[0, 16],
+            ),
+            "requires B == 1",
+        ),
+        (
+            lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], initial_state=np.zeros((2, 2, 16, 16))),
+            r"initial_state must have shape \[N, H, K, V\]",
+        ),
+        (lambda x: kda.forward(x["q"], x["k"], x["v"], x["g"][..., None].repeat(16, -1), None), "beta"),
+    ],
+)
 def test_bad_input_names_the_argument(call, message):
     x = make_inputs(Case("simple_gla", 1, 16, 2, 16, 16))
     with pytest.raises(ValueError, match=message):
@@ -201,5 +246,5 @@ def test_gla_with_k_not_v_equals_a_numpy_recurrence(K, V):
     o = np.zeros((40, 2, V))
     for t in range(40):
         S = np.exp(g[0, t])[:, :, None] * S + k[0, t][:, :, None] * v[0, t][:, None, :]
-        o[t] = np.einsum("hk,hkv->hv", q[0, t] * K ** -0.5, S)
+        o[t] = np.einsum("hk,hkv->hv", q[0, t] * K**-0.5, S)
     assert np.abs(got["o"][0] - o).max() < 1e-12 and np.abs(got["ht"][0] - S).max() < 1e-12

@@ -5,6 +5,7 @@
     pytest -m tpu --parity-suite ci            Pallas compiled on TPU (skips without a TPU)
 Records go to --parity-report-dir; the gate runs over them at session end (parity/pytest_plugin.py).
 """
+
 import pytest
 
 

@@ -1,4 +1,5 @@
 """`parity run`: fault isolation, candidates, records, shards, the oracle cache, bad input."""
+
 import json
 import shutil
 
@@ -48,7 +49,7 @@ def test_failures_are_recorded_without_stopping_the_run(faulty_run):
         assert nan["verdict"] == "nan-inf" and nan["tensors"]["o"]["nan"] > 0
         hang = _rec(out, "hang", c)
         assert hang["status"] == "timeout" and "killed" in hang["error"]
-        assert _rec(out, "scan", c)["status"] == "ok"   # ran after the hang in the same case
+        assert _rec(out, "scan", c)["status"] == "ok"  # ran after the hang in the same case
 
 
 def test_a_correct_candidate_matches_the_oracle(faulty_run):
@@ -56,7 +57,7 @@ def test_a_correct_candidate_matches_the_oracle(faulty_run):
     for c in cases:
         rec = _rec(out, "scan", c)
         assert rec["verdict"] == "pass", rec["tensors"]
-        assert rec["platform"] == "cpu:tpu-interpret"   # an emulator is never called a TPU
+        assert rec["platform"] == "cpu:tpu-interpret"  # an emulator is never called a TPU
         assert set(rec["tensors"]) == set(c.output_names())
         assert "parity run --case" in rec["repro"] and "--candidate" in rec["repro"]
 
@@ -81,25 +82,28 @@ def test_oracle_cache_is_reused_from_a_copied_directory(tmp_path, monkeypatch):
     assert hit and all((warm[n] == cold[n]).all() for n in cold)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["run", "--suite", "nope"], "unknown suite 'nope'"),
-    (["run", "--suite", "smoke", "--op", "mamba"], "unknown op 'mamba'"),
-    (["run", "--suite", "smoke", "--backends", "oracle,cuda"], "unknown backend 'cuda'"),
-    (["run", "--suite", "smoke", "--candidate", "x=mlx:m:f"], "FRAMEWORK 'mlx'"),
-    (["run", "--suite", "smoke", "--candidate", "nonsense"], "NAME=FRAMEWORK:MODULE:FUNCTION"),
-    (["run", "--suite", "smoke", "--candidate", "x=jax:no_such_module:f"], "cannot import module 'no_such_module'"),
-    (["run", "--suite", "smoke", "--candidate", "x=jax:tests.example_candidates:nope"], "has no function 'nope'"),
-    (["run", "--suite", "smoke", "--shard", "4/3"], "1 <= I <= N"),
-    (["cases", "--case", "x"], "unrecognized"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--suite", "nope"], "unknown suite 'nope'"),
+        (["run", "--suite", "smoke", "--op", "mamba"], "unknown op 'mamba'"),
+        (["run", "--suite", "smoke", "--backends", "oracle,cuda"], "unknown backend 'cuda'"),
+        (["run", "--suite", "smoke", "--candidate", "x=mlx:m:f"], "FRAMEWORK 'mlx'"),
+        (["run", "--suite", "smoke", "--candidate", "nonsense"], "NAME=FRAMEWORK:MODULE:FUNCTION"),
+        (["run", "--suite", "smoke", "--candidate", "x=jax:no_such_module:f"], "cannot import module 'no_such_module'"),
+        (["run", "--suite", "smoke", "--candidate", "x=jax:tests.example_candidates:nope"], "has no function 'nope'"),
+        (["run", "--suite", "smoke", "--shard", "4/3"], "1 <= I <= N"),
+        (["cases", "--case", "x"], "unrecognized"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     try:
         rc = main(argv + (["--out", str(tmp_path / "o")] if argv[0] == "run" else []))
-    except SystemExit as e:   # argparse's own errors
+    except SystemExit as e:  # argparse's own errors
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and message in err
-    assert not (tmp_path / "o").exists()   # nothing ran
+    assert not (tmp_path / "o").exists()  # nothing ran
 
 
 def test_cases_command_json(capsys):
@@ -114,15 +118,17 @@ def test_repro_writes_a_standalone_script_that_reproduces_the_epsilons(tmp_path,
     import subprocess
     import sys
     from pathlib import Path
+
     out, cases, _ = faulty_run
     case = cases[1]
     spec = CANDIDATES["scan"]
     assert main(["repro", case.id, "--candidate", spec, "-o", str(tmp_path / "r")]) == 0
     script = (tmp_path / "r" / "repro.py").read_text()
-    assert "import parity" not in script and "from parity" not in script   # standalone
+    assert "import parity" not in script and "from parity" not in script  # standalone
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}  # only for the example kernel's module
-    printed = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "r", env=env, capture_output=True,
-                             text=True, check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "repro.py"], cwd=tmp_path / "r", env=env, capture_output=True, text=True, check=True
+    ).stdout
     rec = _rec(out, "scan", case)
     for name, t in rec["tensors"].items():
         m = re.search(rf"^\s+{name}\s+rel_rms (\S+)", printed, re.M)
@@ -139,27 +145,39 @@ def test_a_candidate_says_what_it_does_not_support(tmp_path):
     from parity.gate import evaluate, load
 
     from .helpers import record_from_tensors, write_records
-    specs = ["raising=jax:tests.spec_candidates:gamma_only_raises",
-             "asking=jax:tests.spec_candidates:gamma_only_supports"]
+
+    specs = [
+        "raising=jax:tests.spec_candidates:gamma_only_raises",
+        "asking=jax:tests.spec_candidates:gamma_only_supports",
+    ]
     summary = run([GAMMA, LOGSIG], ["oracle", *specs], tmp_path, jobs=1, timeout_s=120)
-    for name, reason in (("raising", "only g_gamma gating, without varlen"), ("asking", "g_gamma gating only, without varlen")):
+    for name, reason in (
+        ("raising", "only g_gamma gating, without varlen"),
+        ("asking", "g_gamma gating only, without varlen"),
+    ):
         rec = _rec(tmp_path, name, LOGSIG)
         assert (rec["status"], rec["verdict"], rec["error"]) == ("unsupported", "unsupported", reason)
         assert _rec(tmp_path, name, GAMMA)["verdict"] == "pass"
     assert all(r["verdict"] in ("pass", "unsupported") for r in summary["results"])
-    for case in (GAMMA, LOGSIG):   # a reference 1e-5 off the oracle, for the gate
+    for case in (GAMMA, LOGSIG):  # a reference 1e-5 off the oracle, for the gate
         oracle = cached_oracle(case, make_inputs(case))[0]
-        write_records(tmp_path, record_from_tensors(case, "fla", "reference", {n: a * (1 + 1e-5) for n, a in oracle.items()}))
+        write_records(
+            tmp_path, record_from_tensors(case, "fla", "reference", {n: a * (1 + 1e-5) for n, a in oracle.items()})
+        )
     gate = evaluate(load([tmp_path]))
     assert gate["ok"], gate["failures"]
     assert {(u["case_id"], u["candidate"]) for u in gate["unsupported"]} == {
-        (LOGSIG.id, "raising"), (LOGSIG.id, "asking")}
+        (LOGSIG.id, "raising"),
+        (LOGSIG.id, "asking"),
+    }
 
 
 def test_a_supports_attribute_that_answers_nonsense_is_an_error(tmp_path, monkeypatch):
     from tests import spec_candidates
+
     monkeypatch.setattr(spec_candidates.gamma_only_supports, "supports", lambda case: "")
     from parity.backends import execute, make_backend
+
     b = make_backend("asking=jax:tests.spec_candidates:gamma_only_supports")
     res = execute(b, LOGSIG, make_inputs(LOGSIG))
     assert res.status == "error" and "expected True, False or a non-empty string" in res.error
@@ -169,7 +187,8 @@ def test_a_not_implemented_error_from_jax_itself_stays_an_error():
     """Only the candidate's own NotImplementedError means 'unsupported': one jax raises (here: a
     primitive without a differentiation rule) is a failure of the candidate, never hidden."""
     from parity.backends import execute, make_backend
-    case = Case("simple_gla", 1, 40, 2, 32, 32, gate="gamma_alibi", h0=True)   # fwd + bwd
+
+    case = Case("simple_gla", 1, 40, 2, 32, 32, gate="gamma_alibi", h0=True)  # fwd + bwd
     b = make_backend("nodiff=jax:tests.spec_candidates:no_gradient")
     res = execute(b, case, make_inputs(case))
     assert res.status == "error" and "NotImplementedError" in res.error
@@ -179,6 +198,7 @@ def test_a_kernels_jax_module_that_fails_to_import_is_an_error(monkeypatch):
     """A broken import of the code under test fails its cases; it is never `unsupported` (which the
     gate passes)."""
     from parity.backends import execute, jax_backends, make_backend
+
     monkeypatch.setitem(jax_backends.PALLAS_KERNELS, "pallas", {"simple_gla": ("kernels_jax.no_such_module", "f")})
     res = execute(make_backend("pallas"), SMALL, make_inputs(SMALL))
     assert res.status == "error" and "no_such_module" in res.error

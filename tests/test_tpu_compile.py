@@ -1,4 +1,5 @@
 """The TPU compile check (parity.tpu_compile): the real TPU compiler on this CPU machine."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,14 @@ from tests.helpers import requires_libtpu
 
 BF16 = "simple_gla-fwd-B1-T64-H2-K64-V64-bf16-C64-g_logsig"
 
-LLO_V5E = '''module attributes {stable_mosaic.version = 15 : i64} {
+LLO_V5E = """module attributes {stable_mosaic.version = 15 : i64} {
   func.func @my_kernel(%arg0: i32 {llo.type = i32}, %arg1: i32 {llo.type = memref<1x64x64xf32, #tpu.tiled<(8,128),[8,1,1]>, #tpu.memory_space<vmem>>}, %arg2: i32 {llo.type = memref<2xi32, #tpu.tiled<(128),[1]>, #tpu.memory_space<smem>>}, %arg3: i32 {llo.type = memref<64x8xbf16, #tpu.tiled<(16,128),[1,1]>, #tpu.memory_space<vmem>>}) attributes {dimension_semantics = []} {
     "llo.vdwg"() <{mxu_id = 0 : i32}> : () -> ()
     %1 = "llo.vmatmul"(%0) <{data_format = #llo.matmul_data_format<f32>, dwg = false, lmr_hint = false, mode = #llo.matmul_mode<round>, mxu_id = 0 : i32}> : (vector<8x128xf32>) -> ()
     %2 = "llo.vmatmul.mubr"(%0) <{data_format = #llo.matmul_data_format<bf16>, dwg = false, lmr_hint = false, mode = #llo.matmul_mode<round>, mxu_id = 0 : i32}> : (vector<8x128xf32>) -> ()
     %3 = "llo.vmatmul"(%0) <{data_format = #llo.matmul_data_format<f32>, dwg = false, lmr_hint = false, mode = #llo.matmul_mode<soft_low_eight>, mxu_id = 0 : i32}> : (vector<8x128xf32>) -> ()
   }
-}'''
+}"""
 
 
 def test_parse_llo_reads_kernel_vmem_and_matmul_classes():
@@ -49,10 +50,26 @@ def test_targets_are_validated():
 @requires_libtpu
 def test_planted_non_compiling_candidate_fails_with_target_and_mosaic_message(tmp_path, capsys):
     spec = "bad=pallas:tests.tpu_candidates:bf16_fp32_contract"
-    assert main(["compile", "--case", BF16, "--candidate", spec, "--backends", "pallas",
-                 "--tpu-targets", "v5e,tpu7x", "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "compile",
+                "--case",
+                BF16,
+                "--candidate",
+                spec,
+                "--backends",
+                "pallas",
+                "--tpu-targets",
+                "v5e,tpu7x",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
-    assert "[pallas] pass" in out           # the shipped kernel compiles
+    assert "[pallas] pass" in out  # the shipped kernel compiles
     assert "v5e (TPU v5 lite): INTERNAL: Mosaic failed to compile TPU kernel: Bad lhs type" in out
     assert "tpu7x (TPU7x)" in out and "tpu.matmul" in out
     rec = json.loads((tmp_path / "bad" / f"{BF16}.compile.json").read_text())
@@ -66,6 +83,7 @@ def test_planted_non_compiling_candidate_fails_with_target_and_mosaic_message(tm
 def test_pallas_candidate_without_mosaic_kernel_is_reported(tmp_path):
     case = Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig")
     from tests.tpu_candidates import interpret_left_on
+
     r = tpu_compile.compile_case(interpret_left_on, case, "v5e")
     assert not r["ok"] and "no Mosaic kernel" in r["error"] and r["kernels"] == []
     # as plain jax (not a Pallas kernel) the same program is fine: XLA code may hold no kernel
@@ -88,10 +106,12 @@ def test_kernels_compile_for_tpu(suite, target, op, tmp_path):
     cases = [c for c in get_suite(suite) if c.op == op]
     records = tpu_compile.compile_suite(cases, ["pallas", "pallas-fused"], (target,), tmp_path)
     from parity.gate import compile_problems
+
     bad = {f"{r['case_id']} [{r['backend']}]": compile_problems(r) for r in records if r["verdict"] != "pass"}
     assert not bad, bad
     # one record for every (case, candidate) with a kernel (V = 512 has none: unsupported, not compiled)
     from parity.backends.jax_backends import PallasBackend
+
     expected = sum(PallasBackend(s).applies_to_any([c]) for c in cases for s in ("pallas", "pallas-fused"))
     assert len(records) == expected and expected >= len(cases) - 2
 
@@ -100,7 +120,7 @@ def test_kernels_compile_for_tpu(suite, target, op, tmp_path):
 def test_gate_refuses_a_missing_compile_record(tmp_path, capsys):
     case = "simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-gamma_alibi"
     assert main(["compile", "--case", case, "--tpu-targets", "v5e", "--out", str(tmp_path)]) == 0
-    assert main(["gate", str(tmp_path)]) == 0                      # pallas and pallas-fused compiled
+    assert main(["gate", str(tmp_path)]) == 0  # pallas and pallas-fused compiled
     assert "TPU compile (on this host, nothing executed): 2 case/candidate pairs, 2 ok" in capsys.readouterr().out
     (tmp_path / "pallas-fused" / f"{case}.compile.json").unlink()
     assert main(["gate", str(tmp_path)]) == 2
@@ -111,11 +131,27 @@ def test_gate_refuses_a_missing_compile_record(tmp_path, capsys):
 def test_a_compile_record_whose_verdict_its_targets_contradict_is_refused(tmp_path, capsys):
     """The gate and the page trust a compile record's verdict; the reader holds it to its targets."""
     spec = "bad=pallas:tests.tpu_candidates:bf16_fp32_contract"
-    assert main(["compile", "--case", BF16, "--candidate", spec, "--backends", "pallas",
-                 "--tpu-targets", "v5e", "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "compile",
+                "--case",
+                BF16,
+                "--candidate",
+                spec,
+                "--backends",
+                "pallas",
+                "--tpu-targets",
+                "v5e",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     path = tmp_path / "bad" / f"{BF16}.compile.json"
     rec = json.loads(path.read_text())
-    path.write_text(json.dumps({**rec, "verdict": "pass"}))   # claims a pass over a failed target
+    path.write_text(json.dumps({**rec, "verdict": "pass"}))  # claims a pass over a failed target
     capsys.readouterr()
     assert main(["gate", str(tmp_path)]) == 2
     assert "field verdict='pass' is invalid: expected 'compile-error'" in capsys.readouterr().err

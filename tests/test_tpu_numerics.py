@@ -1,6 +1,7 @@
 """The TPU numerics model (parity.tpu_numerics): float32 dots computed as the TPU's MXU
 computes them, checked against independent formulations (numpy on bf16-rounded operands,
 float64), inside and outside Pallas kernels, and through the gate."""
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,10 @@ def _rel(x, ref):
 def _pallas_dot(precision):
     def kernel(a_ref, b_ref, o_ref):
         o_ref[...] = jnp.dot(a_ref[...], b_ref[...], precision=precision, preferred_element_type=jnp.float32)
-    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
-                          interpret=pltpu.InterpretParams())
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32), interpret=pltpu.InterpretParams()
+    )
 
 
 def _float32_dot(a, b):
@@ -58,7 +61,11 @@ def test_default_dot_is_the_dot_of_bf16_rounded_operands_bit_for_bit(where):
 @pytest.mark.parametrize("where", ["xla", "pallas"])
 def test_highest_is_six_passes_within_float32_rounding(where):
     with tpu_numerics.using("tpu-mxu-v1"):
-        fn = (lambda a, b: jnp.dot(a, b, precision="highest")) if where == "xla" else _pallas_dot(jax.lax.Precision.HIGHEST)
+        fn = (
+            (lambda a, b: jnp.dot(a, b, precision="highest"))
+            if where == "xla"
+            else _pallas_dot(jax.lax.Precision.HIGHEST)
+        )
         got = np.asarray(fn(A, B))
     assert _rel(got, EXACT) < 3e-7
     # the split is really three bf16 pieces: two pieces (HIGH) are measurably worse
@@ -81,12 +88,14 @@ def test_gradients_keep_the_primal_precision_through_scan():
     def loss(a, precision):
         def step(c, _):
             return c + jnp.dot(a, B, precision=precision).sum(), None
+
         return jax.lax.scan(step, 0.0, None, length=2)[0]
+
     exact = 2 * B.astype(np.float64).sum(1)[None, :].repeat(128, 0)
     with tpu_numerics.using("tpu-mxu-v1"):
         g_default = np.asarray(jax.grad(loss)(A, None))
         g_highest = np.asarray(jax.grad(loss)(A, jax.lax.Precision.HIGHEST))
-    assert _rel(g_default, exact) > 1e-4   # the transposed dot rounds its operands too
+    assert _rel(g_default, exact) > 1e-4  # the transposed dot rounds its operands too
     assert _rel(g_highest, exact) < 1e-6
 
 
@@ -96,14 +105,19 @@ def test_float64_is_untouched():
     assert _rel(got, EXACT) < 1e-14
 
 
-CASES = [Case("simple_gla", 1, 128, 2, 128, 128, gate="gamma_alibi", direction="fwd", ht=True),
-         Case("simple_gla", 1, 256, 2, 64, 64, gate="g_logsig", direction="fwd", h0=True)]
+CASES = [
+    Case("simple_gla", 1, 128, 2, 128, 128, gate="gamma_alibi", direction="fwd", ht=True),
+    Case("simple_gla", 1, 256, 2, 64, 64, gate="g_logsig", direction="fwd", h0=True),
+]
 
 
 @functools.cache
 def _gate(tmp, numerics):
-    specs = ["fla", "default=jax:tests.example_candidates:chunked_jax_default",
-             "highest=jax:tests.example_candidates:chunked_jax_highest"]
+    specs = [
+        "fla",
+        "default=jax:tests.example_candidates:chunked_jax_default",
+        "highest=jax:tests.example_candidates:chunked_jax_highest",
+    ]
     run(CASES, specs, tmp, numerics=numerics)
     return evaluate(load([tmp]))
 
@@ -119,4 +133,5 @@ def test_plain_jax_default_einsums_fail_the_bound_under_the_model_only(numerics,
         assert verdicts[(case.id, "default")] == ("fail-bound" if numerics == "tpu-mxu-v1" else "pass"), gate
     records = [r for r in (tmp_path / "default").glob("*.json")]
     import json
+
     assert {json.loads(p.read_text())["numerics"] for p in records} == {numerics}

@@ -1,5 +1,6 @@
 """The example cross-machine workflows (this checkout's and examples/') parse and their
 commands match the CLI, the markers and the plugin's options."""
+
 import shlex
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def _option(argv: list[str], name: str) -> str:
         if a == name:
             return argv[i + 1]
         if a.startswith(name + "="):
-            return a[len(name) + 1:]
+            return a[len(name) + 1 :]
     raise AssertionError(f"{name} not in {argv}")
 
 
@@ -42,13 +43,15 @@ def test_workflow_jobs_dependencies_and_commands(workflow, pytestconfig):
             pytestconfig.getoption(option)  # raises ValueError for an option no plugin registered
         upload = next(s for s in jobs[marker]["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
         assert upload["with"]["path"] == report_dir
-    downloads = [s["with"]["path"] for s in jobs["gate"]["steps"] if s.get("uses", "").startswith("actions/download-artifact")]
+    downloads = [
+        s["with"]["path"] for s in jobs["gate"]["steps"] if s.get("uses", "").startswith("actions/download-artifact")
+    ]
     parser = build_parser()
     for cmd in _runs(jobs["gate"]):
         argv = shlex.split(cmd)
         if argv[0] != "parity":
             continue
-        args = parser.parse_args(argv[1:])   # raises SystemExit if the CLI does not accept it
+        args = parser.parse_args(argv[1:])  # raises SystemExit if the CLI does not accept it
         assert sorted(args.dirs) == sorted(downloads)
     assert any(shlex.split(c)[:2] == ["parity", "gate"] for c in _runs(jobs["gate"]))
     assert any(shlex.split(c)[:2] == ["parity", "report"] for c in _runs(jobs["gate"]))

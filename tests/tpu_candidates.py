@@ -1,5 +1,6 @@
 """Planted user candidates for the TPU compile check (tests only): kernels_jax's Simple GLA
 traced with a mutation switch on, as a user's Pallas kernel with that bug would be."""
+
 from kernels_jax.common import mutation
 from kernels_jax.simple_gla import chunk_simple_gla
 

@@ -5,6 +5,7 @@ consistency on construction. Head dims are the padded ones the kernels tile (see
 layout.padded_dim); the caller's real K and V only decide the scale and what is cut off the
 results.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 from .layout import ChunkLayout, padded_dim, plan
 from .validation import CHUNK_SIZES, validate
 
-LANE = 128   # TPU vector lane width: the largest K / V tile
+LANE = 128  # TPU vector lane width: the largest K / V tile
 
 
 def tile(d: int) -> int:
@@ -27,6 +28,7 @@ class KernelConfig:
     """H heads; K, V padded head dims (K_in, V_in the caller's); C chunk size; NT chunks;
     N sequences (state rows); bk, bv the K and V tiles; scale; has_h0 whether an initial state
     is given."""
+
     H: int
     K: int
     V: int
@@ -68,7 +70,7 @@ class KernelConfig:
 
     def cut_state(self, h):
         """h [N, H, K, V] -> [N, H, K_in, V_in]."""
-        return h[..., :self.K_in, :self.V_in]
+        return h[..., : self.K_in, : self.V_in]
 
 
 def prepare(op: str, q, k, v, *, align: int, **arguments) -> tuple[ChunkLayout, KernelConfig]:
@@ -78,6 +80,18 @@ def prepare(op: str, q, k, v, *, align: int, **arguments) -> tuple[ChunkLayout, 
     has_h0 = arguments.get("initial_state") is not None
     layout = plan(problem.B, problem.T, problem.chunk_size, arguments.get("cu_seqlens"))
     K, V = padded_dim(problem.K, align), padded_dim(problem.V, align)
-    cfg = KernelConfig(H=problem.H, K=K, V=V, C=layout.C, NT=layout.NT, N=layout.N, scale=problem.scale,
-                       has_h0=has_h0, bk=tile(K), bv=tile(V), K_in=problem.K, V_in=problem.V)
+    cfg = KernelConfig(
+        H=problem.H,
+        K=K,
+        V=V,
+        C=layout.C,
+        NT=layout.NT,
+        N=layout.N,
+        scale=problem.scale,
+        has_h0=has_h0,
+        bk=tile(K),
+        bv=tile(V),
+        K_in=problem.K,
+        V_in=problem.V,
+    )
     return layout, cfg

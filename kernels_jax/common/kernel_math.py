@@ -6,6 +6,7 @@ exp(b_i - b_j) <= 1 for i >= j, while the upper triangle (i < j) can overflow fl
 once |g| * chunk_size > 88.7 (seeds 000/001). `causal_decay` masks the exponent before
 exp, never the product after it (inf * 0 = NaN).
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -46,8 +47,13 @@ def dot(a, b, *, trans_a: bool = False, trans_b: bool = False, piece: int | None
     out = None
     for start in range(0, length, piece):
         stop = min(start + piece, length)
-        part = lax.dot_general(lax.slice_in_dim(a, start, stop, axis=ca), lax.slice_in_dim(b, start, stop, axis=cb),
-                               dims, precision=precision, preferred_element_type=F32)
+        part = lax.dot_general(
+            lax.slice_in_dim(a, start, stop, axis=ca),
+            lax.slice_in_dim(b, start, stop, axis=cb),
+            dims,
+            precision=precision,
+            preferred_element_type=F32,
+        )
         out = part if out is None else out + part
     return out
 
@@ -69,8 +75,7 @@ def state_grad_step(dS, q, do, decay_chunk, decay_from_start, scale: float, piec
     return decay_chunk * dS + scale * dot(q * decay_from_start, do, trans_a=True, piece=piece)
 
 
-def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False, unmasked: bool = False,
-                 gamma=None):
+def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False, unmasked: bool = False, gamma=None):
     """[C, C] float32 decay D[i, j] = exp(b_i - b_j) for i >= j, else 0 (masked before exp).
 
     b_col [C, 1] and b_row [1, C] hold the same chunk-local cumulative log-decay; or, with
@@ -82,10 +87,10 @@ def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False,
     C = b_col.shape[0]
     row = lax.broadcasted_iota(jnp.int32, (C, C), 0)
     col = lax.broadcasted_iota(jnp.int32, (C, C), 1)
-    if transpose:   # entry [r, c] = exp(b_c - b_r) for c >= r
+    if transpose:  # entry [r, c] = exp(b_c - b_r) for c >= r
         keep = col > row if strict else col >= row
         diff = b_row - b_col
-    else:           # entry [r, c] = exp(b_r - b_c) for r >= c
+    else:  # entry [r, c] = exp(b_r - b_c) for r >= c
         keep = row > col if strict else row >= col
         diff = b_col - b_row
     if gamma is not None:

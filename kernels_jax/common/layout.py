@@ -17,6 +17,7 @@ passes through. Per chunk c, int32 [NT] tables (scalar prefetch for the kernels)
 the spare chunks at the end are padding of the last sequence. The same fields either way
 (FLA's `prepare_chunk_indices`, prepared once for every op).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,21 +42,27 @@ def padded_dim(d: int, align: int) -> int:
 class ChunkLayout:
     """Where each of the caller's B * T tokens sits in the packed [H, NT * C, D]; a pytree
     (sizes static, tables as arrays), so it passes through jit like any argument."""
+
     B: int
     T: int
     C: int
-    N: int              # sequences: B, or len(cu_seqlens) - 1
-    NT: int             # chunks
-    seq: object         # int32 [NT]
-    first: object       # int32 [NT]
-    last: object        # int32 [NT]
-    length: object      # int32 [NT]
-    src: object         # int32 [NT * C]: token of each slot, B * T for padding
-    dst: object         # int32 [B * T]: slot of each token
+    N: int  # sequences: B, or len(cu_seqlens) - 1
+    NT: int  # chunks
+    seq: object  # int32 [NT]
+    first: object  # int32 [NT]
+    last: object  # int32 [NT]
+    length: object  # int32 [NT]
+    src: object  # int32 [NT * C]: token of each slot, B * T for padding
+    dst: object  # int32 [B * T]: slot of each token
 
     def tree_flatten(self):
-        return (self.seq, self.first, self.last, self.length, self.src, self.dst), \
-            (self.B, self.T, self.C, self.N, self.NT)
+        return (self.seq, self.first, self.last, self.length, self.src, self.dst), (
+            self.B,
+            self.T,
+            self.C,
+            self.N,
+            self.NT,
+        )
 
     @classmethod
     def tree_unflatten(cls, sizes, tables):

@@ -6,6 +6,7 @@ the switch is on, builds the buggy variant instead (for example the unmasked exp
 `enabled(name)`; entering or leaving a switch clears jax's compilation caches so that no
 trace of one variant is reused for the other.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -5,6 +5,7 @@ No kernel hard-codes interpret mode on: every `pl.pallas_call` passes
 (`pltpu.InterpretParams`) on any other platform, so the same kernel code is
 checked on CPU and compiled on TPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +46,7 @@ def interpret_mode():
     """The `interpret=` argument for pl.pallas_call (read at trace time): False on TPU or
     inside compile_for_tpu(), TPU interpret mode elsewhere."""
     from .mutation import active
+
     if active("interpret_left_on"):  # mutation (seed 003): interpret mode hard-coded on
         return pltpu.InterpretParams()
     return False if (on_tpu() or _compile_for_tpu) else pltpu.InterpretParams()

@@ -19,6 +19,7 @@ Bad input raises ValueError: "<op>: <argument> must ..., got ...". Valid input t
 have no kernel for (a head dim past MAX_K / MAX_V, float16) raises NoKernel, which the
 harness records as `unsupported`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,13 +49,14 @@ class NoKernel(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """What a valid call asks for: sizes, the scale to use and the chunk size."""
+
     op: str
     B: int
     T: int
     H: int
     K: int
     V: int
-    N: int          # sequences (rows of the state): B, or len(cu_seqlens) - 1
+    N: int  # sequences (rows of the state): B, or len(cu_seqlens) - 1
     chunk_size: int
     scale: float
 
@@ -66,8 +68,9 @@ def check_supported(K: int, V: int, dtype=None, op: str = "kernels_jax") -> None
         if not 1 <= d <= top:
             raise NoKernel(f"{op}: head dimension {name} = {d} has no kernel: supported 1 to {top}")
     if dtype is not None and jnp.dtype(dtype) not in TPU_DTYPES:
-        raise NoKernel(f"{op}: q, k, v dtype {jnp.dtype(dtype).name} has no kernel: supported "
-                       f"{[t.name for t in TPU_DTYPES]}")
+        raise NoKernel(
+            f"{op}: q, k, v dtype {jnp.dtype(dtype).name} has no kernel: supported {[t.name for t in TPU_DTYPES]}"
+        )
 
 
 def is_concrete(x) -> bool:
@@ -111,8 +114,22 @@ class _Checker:
             self.fail(name, f"be None ({why})", type(x).__name__)
 
 
-def validate(op: str, q, k, v, *, g=None, g_gamma=None, beta=None, scale=None, initial_state=None,
-             output_final_state=False, cu_seqlens=None, chunk_size=64, require_g_gamma=False) -> Problem:
+def validate(
+    op: str,
+    q,
+    k,
+    v,
+    *,
+    g=None,
+    g_gamma=None,
+    beta=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    chunk_size=64,
+    require_g_gamma=False,
+) -> Problem:
     """Check every argument of an op's entry point (op: one of OPS); -> Problem.
     require_g_gamma: the fused Simple GLA path, which takes per-head g_gamma gating only."""
     chk = _Checker(op)
@@ -155,8 +172,12 @@ def validate(op: str, q, k, v, *, g=None, g_gamma=None, beta=None, scale=None, i
     else:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (numbers.Real, np.ndarray, jax.Array)) \
-                or not is_concrete(scale) or np.ndim(scale) != 0:
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (numbers.Real, np.ndarray, jax.Array))
+            or not is_concrete(scale)
+            or np.ndim(scale) != 0
+        ):
             chk.fail("scale", "be None (K ** -0.5) or a Python number", repr(scale))
         if not (np.isfinite(float(scale)) and float(scale) > 0):
             chk.fail("scale", "be finite and > 0", float(scale))

@@ -1,4 +1,5 @@
 """GLA (per-channel log-decay gate) as Pallas TPU kernels: `chunk_gla` (FLA's convention)."""
+
 import functools
 
 from kernels_jax.common import validation

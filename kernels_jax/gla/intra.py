@@ -14,6 +14,7 @@ Every exponent is formed as a short sum of gates (BlockSums: inside a block, the
 block totals), never as the difference of two long cumulative sums, and long contractions
 are summed in pieces (kernel_math.dot's `piece`): float32 error at FLA's level or below at chunk 128.
 """
+
 from __future__ import annotations
 
 import jax
@@ -23,7 +24,7 @@ from jax.experimental import pallas as pl
 from kernels_jax.common.kernel_math import dot as matmul
 
 SUB = 16
-LANE_PIECE = 32     # contractions over K, V or the chunk's columns: pieces of 32 terms
+LANE_PIECE = 32  # contractions over K, V or the chunk's columns: pieces of 32 terms
 _F32 = jnp.float32
 
 
@@ -109,7 +110,7 @@ class BlockSums:
         span = self.nb if rows is None else rows // self.c
         loc = dot(self.local_upper, x)
         tot = dot(self.block_start, loc)
-        shift = span.bit_length() - 1      # span: a power of two
+        shift = span.bit_length() - 1  # span: a power of two
         end = lambda b: (jax.lax.shift_right_logical(b, shift) + 1) * span
         return dot(self.blocks(lambda b: b + 1, end), tot) + loc
 
@@ -193,7 +194,7 @@ def block_grads(i, sel, sums, q, k, v, do, loc, tot, qb, kb, vb, dob, lb, scale)
     from_block = dot(sums.blocks(i + 1, lambda b: b), tot) + loc
     later = col >= (i + 1) * c
     q_ref = q * jnp.exp(jnp.minimum(from_block, 0.0))
-    k_decay = jnp.exp(lb[c - 1:c] - lb)
+    k_decay = jnp.exp(lb[c - 1 : c] - lb)
     dat_next = scale * jnp.where(later, dot_nt(vb, do, LANE_PIECE), 0.0)
     dk = dk + dot(dat_next, q_ref, LANE_PIECE) * k_decay
     at_next = jnp.where(later, dot_nt(kb * k_decay, q_ref, LANE_PIECE), 0.0)

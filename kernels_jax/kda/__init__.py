@@ -1,4 +1,5 @@
 """Kimi Delta Attention (KDA): chunked Pallas TPU kernels, forward and backward."""
+
 import functools
 
 from kernels_jax.common import validation

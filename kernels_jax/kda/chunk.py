@@ -11,6 +11,7 @@ Chunked form, per chunk with chunk-start state S and G = chunk-local cumsum of g
 Backward (jax.custom_vjp): recompute the forward factors and states, run the state gradient
 backwards over chunks, then every per-chunk gradient in parallel (kernels.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,15 +24,16 @@ from kernels_jax.common.layout import ChunkLayout
 
 from . import kernels
 
-ALIGN = 8   # head dims padded to whole sublanes
+ALIGN = 8  # head dims padded to whole sublanes
 
 
 # ---------------------------------------------------------------- custom_vjp core
 def _forward(q, k, v, g, beta, h0, seq, first, last, cfg: KernelConfig, *, store_states: bool):
     """-> o, v_new, h (or None), ht, (W, A_qk)."""
     W, U, A_qk = kernels.intra(q, k, v, g, beta, cfg)
-    outs = kernels.recurrence_fwd(q, k, g, W, U, A_qk, h0, (seq, first, last), cfg, out_dtype=q.dtype,
-                                  store_states=store_states)
+    outs = kernels.recurrence_fwd(
+        q, k, g, W, U, A_qk, h0, (seq, first, last), cfg, out_dtype=q.dtype, store_states=store_states
+    )
     o, vn, h, ht = outs if store_states else (outs[0], outs[1], None, outs[2])
     return o, vn, h, ht, (W, A_qk)
 
@@ -64,8 +66,9 @@ _kda_core.defvjp(_kda_core_fwd, _kda_core_bwd)
 
 
 # ---------------------------------------------------------------- public entry point
-def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-              chunk_size=64):
+def chunk_kda(
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, chunk_size=64
+):
     """Kimi Delta Attention, chunked (FLA's chunk_kda convention).
 
     q, k [B, T, H, K] (L2-normalised by the caller), v [B, T, H, V]; g [B, T, H, K] per-channel
@@ -73,9 +76,20 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     sequences with cu_seqlens [N + 1] and B == 1). Returns (o [B, T, H, V] in q's dtype,
     final_state [N, H, K, V] float32 or None).
     """
-    layout, cfg = prepare("kda", q, k, v, align=ALIGN, g=g, beta=beta, scale=scale,
-                          initial_state=initial_state, output_final_state=output_final_state,
-                          cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    layout, cfg = prepare(
+        "kda",
+        q,
+        k,
+        v,
+        align=ALIGN,
+        g=g,
+        beta=beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+    )
     o, ht = _chunk_kda(q, k, v, g, beta, initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 
@@ -86,7 +100,6 @@ def _chunk_kda(q, k, v, g, beta, initial_state, layout: ChunkLayout, cfg: Kernel
     qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
     gp = layout.pack(g.astype(jnp.float32), cfg.K)
     betap = layout.pack(beta.astype(jnp.float32)[..., None])
-    h0 = (jnp.zeros((cfg.N, cfg.H, cfg.K, cfg.V), jnp.float32) if initial_state is None
-          else cfg.pad_state(initial_state))
+    h0 = jnp.zeros((cfg.N, cfg.H, cfg.K, cfg.V), jnp.float32) if initial_state is None else cfg.pad_state(initial_state)
     o, ht = _kda_core(qp, kp, vp, gp, betap, h0, *layout.tables(), cfg)
     return layout.unpack(o, cfg.V_in), cfg.cut_state(ht)

@@ -19,6 +19,7 @@ nothing overflows however far the cumulative decay inside a chunk goes past the 
 range (seed 000). Interval sums do not suffer the cancellation of G_i - G_j for large |G|, so
 decays near the end of a long, steep chunk keep full float32 accuracy.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -96,7 +97,7 @@ def _earlier_sub_blocks(g):
     C = g.shape[0]
     i = iota((C, 1), 0)
     for r in range(SUB, C, SUB):
-        to_row = jnp.exp(interval_sums(g, jnp.full_like(i, r), i)[r:r + SUB])
+        to_row = jnp.exp(interval_sums(g, jnp.full_like(i, r), i)[r : r + SUB])
         from_row = jnp.exp(interval_sums(g, i, jnp.full_like(i, r)))
         yield r, to_row, from_row, iota((SUB, C), 1) < r
 
@@ -112,7 +113,7 @@ def decayed_products(xs, y, g):
 
     def diagonal(offset, Ps):
         select, rows_ok, decay = _same_sub_block_column(g, offset)
-        y_decayed = decay * mm(select, y)                    # y_j exp(G_i - G_j), j in i's sub-block
+        y_decayed = decay * mm(select, y)  # y_j exp(G_i - G_j), j in i's sub-block
         return tuple(P + select * jnp.where(rows_ok, row_sums(x * y_decayed), 0.0) for x, P in zip(xs, Ps))
 
     Ps = fori(0, SUB, diagonal, tuple(jnp.zeros((C, C), F32) for _ in xs))
@@ -120,7 +121,7 @@ def decayed_products(xs, y, g):
     for r, to_row, from_row, left in _earlier_sub_blocks(g):
         y_ref = y * from_row
         for x, P, rows in zip(xs, Ps, blocks):
-            rows.append(P[r:r + SUB] + jnp.where(left, mm(x[r:r + SUB] * to_row, y_ref, tb=True), 0.0))
+            rows.append(P[r : r + SUB] + jnp.where(left, mm(x[r : r + SUB] * to_row, y_ref, tb=True), 0.0))
     return tuple(jnp.concatenate(rows, axis=0) for rows in blocks)
 
 
@@ -146,9 +147,9 @@ def decayed_products_grad(dPs, xs, y, g):
     for r, to_row, from_row, left in _earlier_sub_blocks(g):
         y_ref = y * from_row
         for dP, x, dx, rows in zip(dPs, xs, dxs, blocks):
-            dP_left = jnp.where(left, dP[r:r + SUB], 0.0)
-            rows.append(dx[r:r + SUB] + to_row * mm(dP_left, y_ref))
-            dy = dy + from_row * mm(dP_left, x[r:r + SUB] * to_row, ta=True)
+            dP_left = jnp.where(left, dP[r : r + SUB], 0.0)
+            rows.append(dx[r : r + SUB] + to_row * mm(dP_left, y_ref))
+            dy = dy + from_row * mm(dP_left, x[r : r + SUB] * to_row, ta=True)
     return tuple(jnp.concatenate(rows, axis=0) for rows in blocks), dy
 
 
@@ -161,8 +162,8 @@ def unit_lower_inverse(N):
     rows = iota((C, C), 0)
 
     def substitute(i, inv):
-        coef = row_sums(jnp.where(cols == i, NT, 0.0))          # [C, 1]: N[i, j] at row j
-        row = jnp.sum(coef * inv, axis=0, keepdims=True)        # [1, C]
+        coef = row_sums(jnp.where(cols == i, NT, 0.0))  # [C, 1]: N[i, j] at row j
+        row = jnp.sum(coef * inv, axis=0, keepdims=True)  # [1, C]
         return inv - jnp.where(rows == i, row, 0.0)
 
     return fori(1, C, substitute, eye(C))
@@ -185,4 +186,4 @@ def chunk_decays(g):
     C = g.shape[0]
     i = iota((C, 1), 0)
     decay = jnp.exp(chunk_cumsum(g))
-    return decay, decay[C - 1:], jnp.exp(interval_sums(g, i, jnp.full_like(i, C - 1)))
+    return decay, decay[C - 1 :], jnp.exp(interval_sums(g, i, jnp.full_like(i, C - 1)))

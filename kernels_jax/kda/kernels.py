@@ -12,6 +12,7 @@ Padded rows have q = k = v = g = beta = 0, so they leave the state unchanged.
     recurrence_bwd   (H, NV, NT) reversed   dv_new, chunk-end state gradients dh, dh0
     chunk_grads      (H, NT) parallel       dq, dk, dv, dg, dbeta from h, dh, v_new, dv_new
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,19 @@ from kernels_jax.common.kernel_math import advance_state, params, state_grad_ste
 from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
-from .chunk_math import (F32, causal_mask, chunk_decays, decayed_products, decayed_products_grad, iota, mm,
-                         reverse_cumsum, row_sums, transpose, wy_factors)
+from .chunk_math import (
+    F32,
+    causal_mask,
+    chunk_decays,
+    decayed_products,
+    decayed_products_grad,
+    iota,
+    mm,
+    reverse_cumsum,
+    row_sums,
+    transpose,
+    wy_factors,
+)
 
 
 def _f32(ref):
@@ -54,16 +66,35 @@ def intra(q, k, v, g, beta, cfg: KernelConfig):
         grid=(H, P // C),
         in_specs=[rows(K), rows(K), rows(V), rows(K), rows(1)],
         out_specs=[rows(K), rows(V), rows(C)],
-        out_shape=[jax.ShapeDtypeStruct((H, P, K), F32), jax.ShapeDtypeStruct((H, P, V), F32),
-                   jax.ShapeDtypeStruct((H, P, C), F32)],
+        out_shape=[
+            jax.ShapeDtypeStruct((H, P, K), F32),
+            jax.ShapeDtypeStruct((H, P, V), F32),
+            jax.ShapeDtypeStruct((H, P, C), F32),
+        ],
         compiler_params=params("parallel", "parallel"),
-        interpret=interpret_mode(), name="kda_intra",
+        interpret=interpret_mode(),
+        name="kda_intra",
     )(q, k, v, g, beta)
 
 
 # ---------------------------------------------------------------- forward state recurrence
-def _recurrence_fwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, g_ref, W_ref, U_ref, Aqk_ref, h0_ref,
-                           o_ref, vn_ref, *rest, scale: float, store_states: bool):
+def _recurrence_fwd_kernel(
+    seq_ref,
+    first_ref,
+    last_ref,
+    q_ref,
+    k_ref,
+    g_ref,
+    W_ref,
+    U_ref,
+    Aqk_ref,
+    h0_ref,
+    o_ref,
+    vn_ref,
+    *rest,
+    scale: float,
+    store_states: bool,
+):
     h_ref, ht_ref, S_ref = rest if store_states else (None, *rest)
     """One (head, V tile, chunk): q, k, g, W [C, K]; U, o, v_new [C, BV]; A_qk [C, C];
     h0, h, ht [K, BV]; scratch S [K, BV]."""
@@ -73,11 +104,11 @@ def _recurrence_fwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, g_ref, W_
     def load_initial_state():
         S_ref[...] = h0_ref[...]
 
-    S = S_ref[...]                                    # [K, BV] state at the chunk start
+    S = S_ref[...]  # [K, BV] state at the chunk start
     if store_states:
         h_ref[...] = S
     decay, decay_last, decay_to_end = chunk_decays(g_ref[...])
-    vn = U_ref[...] - mm(W_ref[...], S)               # v_new = U - W S
+    vn = U_ref[...] - mm(W_ref[...], S)  # v_new = U - W S
     qg = _f32(q_ref) * decay
     o = scale * (mm(qg, S) + mm(Aqk_ref[...], vn))
     S = advance_state(S, _f32(k_ref), vn, transpose(decay_last), decay_to_end)
@@ -104,20 +135,42 @@ def recurrence_fwd(q, k, g, W, U, A_qk, h0, tables, cfg: KernelConfig, *, out_dt
     out_specs.append(per_seq)
     out_shape.append(jax.ShapeDtypeStruct((N, H, K, V), F32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=3, grid=(H, V // BV, NT),
+        num_scalar_prefetch=3,
+        grid=(H, V // BV, NT),
         in_specs=[rows(K), rows(K), rows(K), rows(K), vrows, rows(C), per_seq],
-        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((K, BV), F32)])
+        out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM((K, BV), F32)],
+    )
     kernel = functools.partial(_recurrence_fwd_kernel, scale=cfg.scale, store_states=store_states)
     return pl.pallas_call(
-        kernel, grid_spec=grid_spec, out_shape=out_shape,
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=out_shape,
         compiler_params=params("parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="kda_recurrence_fwd",
+        interpret=interpret_mode(),
+        name="kda_recurrence_fwd",
     )(*tables, q, k, g, W, U, A_qk, h0)
 
 
 # ---------------------------------------------------------------- backward state recurrence
-def _recurrence_bwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, g_ref, W_ref, Aqk_ref, do_ref, dht_ref,
-                           dvn_ref, dh_ref, dh0_ref, dS_ref, *, scale: float):
+def _recurrence_bwd_kernel(
+    seq_ref,
+    first_ref,
+    last_ref,
+    q_ref,
+    k_ref,
+    g_ref,
+    W_ref,
+    Aqk_ref,
+    do_ref,
+    dht_ref,
+    dvn_ref,
+    dh_ref,
+    dh0_ref,
+    dS_ref,
+    *,
+    scale: float,
+):
     """One (head, V tile, chunk), chunks in reverse: q, k, g, W [C, K]; do, dv_new [C, BV];
     A_qk [C, C]; dht, dh, dh0 [K, BV]; scratch dS [K, BV]."""
     c = pl.num_programs(2) - 1 - pl.program_id(2)
@@ -126,7 +179,7 @@ def _recurrence_bwd_kernel(seq_ref, first_ref, last_ref, q_ref, k_ref, g_ref, W_
     def load_final_state_grad():
         dS_ref[...] = dht_ref[...]
 
-    dS = dS_ref[...]                                  # [K, BV] gradient of the chunk-end state
+    dS = dS_ref[...]  # [K, BV] gradient of the chunk-end state
     dh_ref[...] = dS
     decay, decay_last, decay_to_end = chunk_decays(g_ref[...])
     do = _f32(do_ref)
@@ -149,23 +202,48 @@ def recurrence_bwd(q, k, g, W, A_qk, do, dht, tables, cfg: KernelConfig):
     per_seq = pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (seq[rev(c)], h, 0, iv))
     per_chunk = pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (h, rev(c), 0, iv))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=3, grid=(H, V // BV, NT),
+        num_scalar_prefetch=3,
+        grid=(H, V // BV, NT),
         in_specs=[rows(K), rows(K), rows(K), rows(K), rows(C), vrows, per_seq],
-        out_specs=[vrows, per_chunk, per_seq], scratch_shapes=[pltpu.VMEM((K, BV), F32)])
+        out_specs=[vrows, per_chunk, per_seq],
+        scratch_shapes=[pltpu.VMEM((K, BV), F32)],
+    )
     return pl.pallas_call(
-        functools.partial(_recurrence_bwd_kernel, scale=cfg.scale), grid_spec=grid_spec,
-        out_shape=[jax.ShapeDtypeStruct((H, P, V), F32), jax.ShapeDtypeStruct((H, NT, K, V), F32),
-                   jax.ShapeDtypeStruct((N, H, K, V), F32)],
+        functools.partial(_recurrence_bwd_kernel, scale=cfg.scale),
+        grid_spec=grid_spec,
+        out_shape=[
+            jax.ShapeDtypeStruct((H, P, V), F32),
+            jax.ShapeDtypeStruct((H, NT, K, V), F32),
+            jax.ShapeDtypeStruct((N, H, K, V), F32),
+        ],
         compiler_params=params("parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="kda_recurrence_bwd",
+        interpret=interpret_mode(),
+        name="kda_recurrence_bwd",
     )(*tables, q, k, g, W, A_qk, do, dht)
 
 
 # ---------------------------------------------------------------- per-chunk gradients
-def _chunk_grads_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, h_ref, dh_ref, vn_ref, dvn_ref, do_ref,
-                        dq_ref, dk_ref, dv_ref, dg_ref, dbeta_ref, *, scale: float):
+def _chunk_grads_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    g_ref,
+    beta_ref,
+    h_ref,
+    dh_ref,
+    vn_ref,
+    dvn_ref,
+    do_ref,
+    dq_ref,
+    dk_ref,
+    dv_ref,
+    dg_ref,
+    dbeta_ref,
+    *,
+    scale: float,
+):
     q, k, v, g, beta = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...], beta_ref[...]
-    S, dS, vn, dvn, do = h_ref[...], dh_ref[...], vn_ref[...], dvn_ref[...], _f32(do_ref)   # S, dS [K, V]
+    S, dS, vn, dvn, do = h_ref[...], dh_ref[...], vn_ref[...], dvn_ref[...], _f32(do_ref)  # S, dS [K, V]
     C = q.shape[0]
     decay, decay_last, decay_to_end = chunk_decays(g)
     strict = causal_mask(C, strict=True)
@@ -178,7 +256,7 @@ def _chunk_grads_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, h_ref, dh_ref, vn_
     dA_qk = jnp.where(causal_mask(C, strict=False), scale * mm(do, vn, tb=True), 0.0)
     dkd = mm(vn, dS, tb=True)
     kd = k * decay_to_end
-    state_dot = mm(jnp.ones((1, S.shape[1]), F32), S * dS, tb=True)           # [1, K]: sum_V S * dS
+    state_dot = mm(jnp.ones((1, S.shape[1]), F32), S * dS, tb=True)  # [1, K]: sum_V S * dS
     dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + decay_last * state_dot
     dq = dqg * decay
     dk = dkd * decay_to_end
@@ -224,5 +302,6 @@ def chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, cfg: KernelConfig):
         out_specs=[rows(K), rows(K), rows(V), rows(K), rows(1)],
         out_shape=[shape(K), shape(K), shape(V), shape(K), shape(1)],
         compiler_params=params("parallel", "parallel"),
-        interpret=interpret_mode(), name="kda_chunk_grads",
+        interpret=interpret_mode(),
+        name="kda_chunk_grads",
     )(q, k, v, g, beta, h, dh, vn, dvn, do)

@@ -1,5 +1,6 @@
 """Simple GLA Pallas TPU kernels: `chunk_simple_gla` (chunked, any gating) and
 `fused_chunk_simple_gla` (g_gamma only: one pallas_call forward, one backward)."""
+
 import functools
 
 from kernels_jax.common import validation

@@ -18,6 +18,7 @@ float32. The kernels (stages, FLA's names):
 Layouts (kernels_jax/common/layout.py): q, k [H, S, K]; v, do [H, S, V]; S = NT * C;
 b [H, NT, C]; h, dh [H, NT, K, V]; h0, ht [N, H, K, V]; K, V padded to the tiles.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_jax.common.config import KernelConfig, prepare
-from kernels_jax.common.kernel_math import (F32, advance_state, causal_decay, dot, factorised_decay, params, row_sum,
-                                           state_grad_step, total)
+from kernels_jax.common.kernel_math import (
+    F32,
+    advance_state,
+    causal_decay,
+    dot,
+    factorised_decay,
+    params,
+    row_sum,
+    state_grad_step,
+    total,
+)
 from kernels_jax.common.layout import ChunkLayout
 from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
@@ -44,8 +54,13 @@ def _decay_to_end(b_col, b_row):
 def _intra_decay(b_col, b_row, *, transpose=False, backward=False):
     if backward and active("factorised_decay_bwd"):
         return factorised_decay(b_col, b_row, transpose=transpose)
-    return causal_decay(b_col, b_row, transpose=transpose, strict=active("strict_causal_mask"),
-                        unmasked=not backward and active("unmasked_decay_exp"))
+    return causal_decay(
+        b_col,
+        b_row,
+        transpose=transpose,
+        strict=active("strict_causal_mask"),
+        unmasked=not backward and active("unmasked_decay_exp"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +83,7 @@ def _fwd_h_kernel(seq_ref, first_ref, last_ref, k_ref, v_ref, bcol_ref, brow_ref
 
     @pl.when(last_ref[c] == 1)
     def emit_state_before_last_chunk():
-        if early:   # mutation suite: the final state one chunk early
+        if early:  # mutation suite: the final state one chunk early
             ht_ref[...] = state[...]
 
     decay_all, decay_to_end = _decay_to_end(bcol_ref[...], brow_ref[...])
@@ -88,10 +103,12 @@ def chunk_fwd_h(k, v, b, h0, tables, cfg: KernelConfig):
     h [H, NT, K, V] (state before each chunk; float32) and ht [N, H, K, V] float32."""
     C, bk, bv = cfg.C, cfg.bk, cfg.bv
     chunk = lambda h, i, j, c, *t: (h, c, 0)
-    in_specs = [pl.BlockSpec((None, C, bk), lambda h, i, j, c, *t: (h, c, i)),
-                pl.BlockSpec((None, C, bv), lambda h, i, j, c, *t: (h, c, j)),
-                pl.BlockSpec((None, C, 1), chunk),
-                pl.BlockSpec((None, None, 1, C), lambda h, i, j, c, *t: (h, c, 0, 0))]
+    in_specs = [
+        pl.BlockSpec((None, C, bk), lambda h, i, j, c, *t: (h, c, i)),
+        pl.BlockSpec((None, C, bv), lambda h, i, j, c, *t: (h, c, j)),
+        pl.BlockSpec((None, C, 1), chunk),
+        pl.BlockSpec((None, None, 1, C), lambda h, i, j, c, *t: (h, c, 0, 0)),
+    ]
     state_spec = pl.BlockSpec((None, None, bk, bv), lambda h, i, j, c, seq, *t: (seq[c], h, i, j))
     args = [k, v, b.reshape(cfg.H, cfg.NT * C, 1), b.reshape(cfg.H, cfg.NT, 1, C)]
     if cfg.has_h0:
@@ -101,14 +118,19 @@ def chunk_fwd_h(k, v, b, h0, tables, cfg: KernelConfig):
     return pl.pallas_call(
         functools.partial(_fwd_h_kernel, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3, grid=(cfg.H, cfg.nk, cfg.nv, cfg.NT), in_specs=in_specs,
-            out_specs=[pl.BlockSpec((None, None, bk, bv), lambda h, i, j, c, *t: (h, c, i, j)),
-                       state_spec],
-            scratch_shapes=[pltpu.VMEM((bk, bv), F32)]),
-        out_shape=[jax.ShapeDtypeStruct((cfg.H, cfg.NT, cfg.K, cfg.V), h_dtype),
-                   jax.ShapeDtypeStruct((cfg.N, cfg.H, cfg.K, cfg.V), F32)],
+            num_scalar_prefetch=3,
+            grid=(cfg.H, cfg.nk, cfg.nv, cfg.NT),
+            in_specs=in_specs,
+            out_specs=[pl.BlockSpec((None, None, bk, bv), lambda h, i, j, c, *t: (h, c, i, j)), state_spec],
+            scratch_shapes=[pltpu.VMEM((bk, bv), F32)],
+        ),
+        out_shape=[
+            jax.ShapeDtypeStruct((cfg.H, cfg.NT, cfg.K, cfg.V), h_dtype),
+            jax.ShapeDtypeStruct((cfg.N, cfg.H, cfg.K, cfg.V), F32),
+        ],
         compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_chunk_fwd_h",
+        interpret=interpret_mode(),
+        name="simple_gla_chunk_fwd_h",
     )(*tables, *args)
 
 
@@ -125,7 +147,7 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, h_ref, bcol_ref, brow_ref, o_ref, acc_qk,
 
     @pl.when(i > 0)
     def add_k_tile():
-        if active("tile_overwrite"):   # mutation suite: a K tile overwrites the sums
+        if active("tile_overwrite"):  # mutation suite: a K tile overwrites the sums
             acc_qk[...], acc_qh[...] = qk, qh
         else:
             acc_qk[...] += qk
@@ -147,17 +169,20 @@ def chunk_fwd_o(q, k, v, h, b, cfg: KernelConfig):
     return pl.pallas_call(
         functools.partial(_fwd_o_kernel, scale=cfg.scale, nk=cfg.nk),
         grid=(cfg.H, cfg.nv, cfg.NT, cfg.nk),
-        in_specs=[pl.BlockSpec((None, C, bk), lambda h, j, c, i: (h, c, i)),
-                  pl.BlockSpec((None, C, bk), lambda h, j, c, i: (h, c, i)),
-                  pl.BlockSpec((None, C, bv), lambda h, j, c, i: (h, c, j)),
-                  pl.BlockSpec((None, None, bk, bv), lambda h, j, c, i: (h, c, i, j)),
-                  pl.BlockSpec((None, C, 1), lambda h, j, c, i: (h, c, 0)),
-                  pl.BlockSpec((None, None, 1, C), lambda h, j, c, i: (h, c, 0, 0))],
+        in_specs=[
+            pl.BlockSpec((None, C, bk), lambda h, j, c, i: (h, c, i)),
+            pl.BlockSpec((None, C, bk), lambda h, j, c, i: (h, c, i)),
+            pl.BlockSpec((None, C, bv), lambda h, j, c, i: (h, c, j)),
+            pl.BlockSpec((None, None, bk, bv), lambda h, j, c, i: (h, c, i, j)),
+            pl.BlockSpec((None, C, 1), lambda h, j, c, i: (h, c, 0)),
+            pl.BlockSpec((None, None, 1, C), lambda h, j, c, i: (h, c, 0, 0)),
+        ],
         out_specs=pl.BlockSpec((None, C, bv), lambda h, j, c, i: (h, c, j)),
         out_shape=jax.ShapeDtypeStruct(v.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((C, C), F32), pltpu.VMEM((C, bv), F32)],
         compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_chunk_fwd_o",
+        interpret=interpret_mode(),
+        name="simple_gla_chunk_fwd_o",
     )(q, k, v, h, b.reshape(cfg.H, cfg.NT * C, 1), b.reshape(cfg.H, cfg.NT, 1, C))
 
 
@@ -165,8 +190,9 @@ def chunk_fwd_o(q, k, v, h, b, cfg: KernelConfig):
 # backward
 
 
-def _bwd_dh_kernel(seq_ref, first_ref, last_ref, q_ref, do_ref, bcol_ref, brow_ref, dht_ref, dh_ref, *rest,
-                   scale, NT, has_h0):
+def _bwd_dh_kernel(
+    seq_ref, first_ref, last_ref, q_ref, do_ref, bcol_ref, brow_ref, dht_ref, dh_ref, *rest, scale, NT, has_h0
+):
     """One chunk of the reverse state-gradient pass: emit dh_c (w.r.t. the state after chunk c).
     q [C, bk]; do [C, bv]; dht, dh, dh0 [bk, bv]; scratch dstate [bk, bv]."""
     dh0_ref, dstate = rest if has_h0 else (None, rest[0])
@@ -183,6 +209,7 @@ def _bwd_dh_kernel(seq_ref, first_ref, last_ref, q_ref, do_ref, bcol_ref, brow_r
     dstate[...] = new
 
     if has_h0:
+
         @pl.when(first_ref[c] == 1)
         def emit_initial_state_grad():
             dh0_ref[...] = new
@@ -194,11 +221,13 @@ def chunk_bwd_dh(q, do, b, dht, tables, cfg: KernelConfig):
     C, bk, bv, NT = cfg.C, cfg.bk, cfg.bv, cfg.NT
     rev = lambda c: NT - 1 - c
     state_spec = pl.BlockSpec((None, None, bk, bv), lambda h, i, j, c, seq, *t: (seq[rev(c)], h, i, j))
-    in_specs = [pl.BlockSpec((None, C, bk), lambda h, i, j, c, *t: (h, rev(c), i)),
-                pl.BlockSpec((None, C, bv), lambda h, i, j, c, *t: (h, rev(c), j)),
-                pl.BlockSpec((None, C, 1), lambda h, i, j, c, *t: (h, rev(c), 0)),
-                pl.BlockSpec((None, None, 1, C), lambda h, i, j, c, *t: (h, rev(c), 0, 0)),
-                state_spec]
+    in_specs = [
+        pl.BlockSpec((None, C, bk), lambda h, i, j, c, *t: (h, rev(c), i)),
+        pl.BlockSpec((None, C, bv), lambda h, i, j, c, *t: (h, rev(c), j)),
+        pl.BlockSpec((None, C, 1), lambda h, i, j, c, *t: (h, rev(c), 0)),
+        pl.BlockSpec((None, None, 1, C), lambda h, i, j, c, *t: (h, rev(c), 0, 0)),
+        state_spec,
+    ]
     out_specs = [pl.BlockSpec((None, None, bk, bv), lambda h, i, j, c, *t: (h, rev(c), i, j))]
     out_shape = [jax.ShapeDtypeStruct((cfg.H, NT, cfg.K, cfg.V), F32)]
     if cfg.has_h0:
@@ -207,11 +236,16 @@ def chunk_bwd_dh(q, do, b, dht, tables, cfg: KernelConfig):
     out = pl.pallas_call(
         functools.partial(_bwd_dh_kernel, scale=cfg.scale, NT=NT, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3, grid=(cfg.H, cfg.nk, cfg.nv, NT), in_specs=in_specs,
-            out_specs=out_specs, scratch_shapes=[pltpu.VMEM((bk, bv), F32)]),
+            num_scalar_prefetch=3,
+            grid=(cfg.H, cfg.nk, cfg.nv, NT),
+            in_specs=in_specs,
+            out_specs=out_specs,
+            scratch_shapes=[pltpu.VMEM((bk, bv), F32)],
+        ),
         out_shape=out_shape,
         compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_chunk_bwd_dh",
+        interpret=interpret_mode(),
+        name="simple_gla_chunk_bwd_dh",
     )(*tables, q, do, b.reshape(cfg.H, NT * C, 1), b.reshape(cfg.H, NT, 1, C), dht)
     return (out[0], out[1]) if cfg.has_h0 else (out[0], None)
 
@@ -246,22 +280,43 @@ def chunk_bwd_dv(q, k, do, dh, b, cfg: KernelConfig, dtype):
     return pl.pallas_call(
         functools.partial(_bwd_dv_kernel, scale=cfg.scale, nk=cfg.nk),
         grid=(cfg.H, cfg.NT, cfg.nv, cfg.nk),
-        in_specs=[pl.BlockSpec((None, C, bk), lambda h, c, j, i: (h, c, i)),
-                  pl.BlockSpec((None, C, bk), lambda h, c, j, i: (h, c, i)),
-                  pl.BlockSpec((None, C, bv), lambda h, c, j, i: (h, c, j)),
-                  pl.BlockSpec((None, None, bk, bv), lambda h, c, j, i: (h, c, i, j)),
-                  pl.BlockSpec((None, C, 1), lambda h, c, j, i: (h, c, 0)),
-                  pl.BlockSpec((None, None, 1, C), lambda h, c, j, i: (h, c, 0, 0))],
+        in_specs=[
+            pl.BlockSpec((None, C, bk), lambda h, c, j, i: (h, c, i)),
+            pl.BlockSpec((None, C, bk), lambda h, c, j, i: (h, c, i)),
+            pl.BlockSpec((None, C, bv), lambda h, c, j, i: (h, c, j)),
+            pl.BlockSpec((None, None, bk, bv), lambda h, c, j, i: (h, c, i, j)),
+            pl.BlockSpec((None, C, 1), lambda h, c, j, i: (h, c, 0)),
+            pl.BlockSpec((None, None, 1, C), lambda h, c, j, i: (h, c, 0, 0)),
+        ],
         out_specs=pl.BlockSpec((None, C, bv), lambda h, c, j, i: (h, c, j)),
         out_shape=jax.ShapeDtypeStruct(do.shape, dtype),
         scratch_shapes=[pltpu.VMEM((C, C), F32), pltpu.VMEM((C, bv), F32)],
         compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_chunk_bwd_dv",
+        interpret=interpret_mode(),
+        name="simple_gla_chunk_bwd_dv",
     )(q, k, do, dh, b.reshape(cfg.H, cfg.NT * C, 1), b.reshape(cfg.H, cfg.NT, 1, C))
 
 
-def _bwd_dqk_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dh_ref, bcol_ref, brow_ref, dq_ref, dk_ref, db_ref,
-                    acc_dov, acc_dq, acc_dk, acc_hdh, *, scale, nv):
+def _bwd_dqk_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    h_ref,
+    dh_ref,
+    bcol_ref,
+    brow_ref,
+    dq_ref,
+    dk_ref,
+    db_ref,
+    acc_dov,
+    acc_dq,
+    acc_dk,
+    acc_hdh,
+    *,
+    scale,
+    nv,
+):
     """dq, dk for one chunk and K tile, and that tile's share of db; V tiles accumulate on axis 3.
     q, k, dq, dk [C, bk]; v, do [C, bv]; h, dh [bk, bv]; db [C, 1]."""
     j = pl.program_id(3)
@@ -304,23 +359,35 @@ def chunk_bwd_dqk(q, k, v, do, h, dh, b, cfg: KernelConfig):
     dq, dk, db = pl.pallas_call(
         functools.partial(_bwd_dqk_kernel, scale=cfg.scale, nv=cfg.nv),
         grid=(cfg.H, cfg.NT, cfg.nk, cfg.nv),
-        in_specs=[pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
-                  pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
-                  pl.BlockSpec((None, C, bv), lambda h, c, i, j: (h, c, j)),
-                  pl.BlockSpec((None, C, bv), lambda h, c, i, j: (h, c, j)),
-                  pl.BlockSpec((None, None, bk, bv), lambda h, c, i, j: (h, c, i, j)),
-                  pl.BlockSpec((None, None, bk, bv), lambda h, c, i, j: (h, c, i, j)),
-                  pl.BlockSpec((None, C, 1), lambda h, c, i, j: (h, c, 0)),
-                  pl.BlockSpec((None, None, 1, C), lambda h, c, i, j: (h, c, 0, 0))],
-        out_specs=[pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
-                   pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
-                   pl.BlockSpec((None, None, C, 1), lambda h, c, i, j: (h, i, c, 0))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct((cfg.H, cfg.nk, S, 1), F32)],
-        scratch_shapes=[pltpu.VMEM((C, C), F32), pltpu.VMEM((C, bk), F32), pltpu.VMEM((C, bk), F32),
-                        pltpu.VMEM((1, 1), F32)],
+        in_specs=[
+            pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
+            pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
+            pl.BlockSpec((None, C, bv), lambda h, c, i, j: (h, c, j)),
+            pl.BlockSpec((None, C, bv), lambda h, c, i, j: (h, c, j)),
+            pl.BlockSpec((None, None, bk, bv), lambda h, c, i, j: (h, c, i, j)),
+            pl.BlockSpec((None, None, bk, bv), lambda h, c, i, j: (h, c, i, j)),
+            pl.BlockSpec((None, C, 1), lambda h, c, i, j: (h, c, 0)),
+            pl.BlockSpec((None, None, 1, C), lambda h, c, i, j: (h, c, 0, 0)),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
+            pl.BlockSpec((None, C, bk), lambda h, c, i, j: (h, c, i)),
+            pl.BlockSpec((None, None, C, 1), lambda h, c, i, j: (h, i, c, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct((cfg.H, cfg.nk, S, 1), F32),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((C, C), F32),
+            pltpu.VMEM((C, bk), F32),
+            pltpu.VMEM((C, bk), F32),
+            pltpu.VMEM((1, 1), F32),
+        ],
         compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_chunk_bwd_dqk",
+        interpret=interpret_mode(),
+        name="simple_gla_chunk_bwd_dqk",
     )(q, k, v, do, h, dh, b.reshape(cfg.H, S, 1), b.reshape(cfg.H, cfg.NT, 1, C))
     return dq, dk, db.sum(axis=1).reshape(cfg.H, cfg.NT, C)
 
@@ -359,7 +426,7 @@ chunk_core.defvjp(_core_fwd, _core_bwd)
 # ---------------------------------------------------------------------------------------------
 # public entry point
 
-ALIGN = 1   # head dims up to 128 are tiled as they are; past 128, padded to a multiple of 128
+ALIGN = 1  # head dims up to 128 are tiled as they are; past 128, padded to a multiple of 128
 
 
 def chunk_log_decay(g, g_gamma, layout: ChunkLayout, H: int):
@@ -373,17 +440,38 @@ def chunk_log_decay(g, g_gamma, layout: ChunkLayout, H: int):
     return jnp.zeros((H, NT, C), F32)
 
 
-def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, chunk_size=64):
+def chunk_simple_gla(
+    q,
+    k,
+    v,
+    g=None,
+    g_gamma=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    chunk_size=64,
+):
     """Simple GLA, chunked Pallas kernels (FLA's chunk_simple_gla convention).
 
     q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H] or g_gamma [H] (log-decays <= 0, float32);
     initial_state [N, H, K, V]; cu_seqlens [N + 1] (B == 1). Returns o [B, T, H, V] in q's dtype
     and the final state [N, H, K, V] float32 (None unless output_final_state).
     Differentiable w.r.t. q, k, v, g or g_gamma and initial_state."""
-    layout, cfg = prepare("simple_gla", q, k, v, align=ALIGN, g=g, g_gamma=g_gamma, scale=scale,
-                          initial_state=initial_state, output_final_state=output_final_state,
-                          cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    layout, cfg = prepare(
+        "simple_gla",
+        q,
+        k,
+        v,
+        align=ALIGN,
+        g=g,
+        g_gamma=g_gamma,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+    )
     o, ht = _chunked(q, k, v, g, g_gamma, initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 

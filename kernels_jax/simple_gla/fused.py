@@ -20,6 +20,7 @@ dg_gamma: forward-mode in phase 0. With m_i = min(i + 1, length) (so b_i = gamma
 Layouts as in chunk.py: q, k [H, S, K]; v [H, S, V]; h0, ht [N, H, K, V]; g_gamma [H] and the
 layout's tables (seq, first, last, length int32 [NT]) as scalar prefetch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,12 +54,15 @@ def _chunk_decay(gamma_ref, length_ref, c, C):
     gamma = gamma_ref[pl.program_id(0)]
     m_col, m_row = _chunk_steps(length_ref, c, C)
     m_last = m_row[:, -1:]
-    return (causal_decay(m_col, m_row, gamma=gamma), jnp.exp(gamma * m_col), jnp.exp(gamma * (m_last - m_col)),
-            jnp.exp(gamma * m_last))
+    return (
+        causal_decay(m_col, m_row, gamma=gamma),
+        jnp.exp(gamma * m_col),
+        jnp.exp(gamma * (m_last - m_col)),
+        jnp.exp(gamma * m_last),
+    )
 
 
-def _fwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref, q_ref, k_ref, v_ref, *rest,
-                scale, has_h0):
+def _fwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref, q_ref, k_ref, v_ref, *rest, scale, has_h0):
     """One (head, V tile, chunk): q, k [C, K]; v, o [C, bv]; h0, ht [K, bv]; scratch state [K, bv]."""
     h0_ref, (o_ref, ht_ref, state) = (rest[0], rest[1:]) if has_h0 else (None, rest)
     c = pl.program_id(2)
@@ -86,9 +90,11 @@ def fused_fwd(q, k, v, g_gamma, h0, tables, cfg: KernelConfig):
     length) -> o [H, S, V] in q's dtype, ht [N, H, K, V] float32."""
     C, K, bv = cfg.C, cfg.K, cfg.bv
     state_spec = pl.BlockSpec((None, None, K, bv), lambda h, j, c, seq, *t: (seq[c], h, 0, j))
-    in_specs = [pl.BlockSpec((None, C, K), lambda h, j, c, *t: (h, c, 0)),
-                pl.BlockSpec((None, C, K), lambda h, j, c, *t: (h, c, 0)),
-                pl.BlockSpec((None, C, bv), lambda h, j, c, *t: (h, c, j))]
+    in_specs = [
+        pl.BlockSpec((None, C, K), lambda h, j, c, *t: (h, c, 0)),
+        pl.BlockSpec((None, C, K), lambda h, j, c, *t: (h, c, 0)),
+        pl.BlockSpec((None, C, bv), lambda h, j, c, *t: (h, c, j)),
+    ]
     args = [q, k, v]
     if cfg.has_h0:
         in_specs.append(state_spec)
@@ -96,18 +102,22 @@ def fused_fwd(q, k, v, g_gamma, h0, tables, cfg: KernelConfig):
     return pl.pallas_call(
         functools.partial(_fwd_kernel, scale=cfg.scale, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5, grid=(cfg.H, cfg.V // bv, cfg.NT), in_specs=in_specs,
+            num_scalar_prefetch=5,
+            grid=(cfg.H, cfg.V // bv, cfg.NT),
+            in_specs=in_specs,
             out_specs=[pl.BlockSpec((None, C, bv), lambda h, j, c, *t: (h, c, j)), state_spec],
-            scratch_shapes=[pltpu.VMEM((K, bv), F32)]),
-        out_shape=[jax.ShapeDtypeStruct(v.shape, q.dtype),
-                   jax.ShapeDtypeStruct((cfg.N, cfg.H, K, cfg.V), F32)],
+            scratch_shapes=[pltpu.VMEM((K, bv), F32)],
+        ),
+        out_shape=[jax.ShapeDtypeStruct(v.shape, q.dtype), jax.ShapeDtypeStruct((cfg.N, cfg.H, K, cfg.V), F32)],
         compiler_params=params("parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_fused_fwd",
+        interpret=interpret_mode(),
+        name="simple_gla_fused_fwd",
     )(*tables, g_gamma.astype(F32), *args)
 
 
-def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
-                q_ref, k_ref, v_ref, do_ref, dht_ref, *rest, scale, NT, has_h0):
+def _bwd_kernel(
+    seq_ref, first_ref, last_ref, length_ref, gamma_ref, q_ref, k_ref, v_ref, do_ref, dht_ref, *rest, scale, NT, has_h0
+):
     """One (head, phase, step): q, k, dq, dk [C, K]; v, do, dv [C, V]; h0, dht, dh0 [K, V];
     scratch state, tangent, dstate [K, V], acc [1, 1] (dg_gamma)."""
     if has_h0:
@@ -137,7 +147,7 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
 
         s, ts = state[...], tangent[...]
         dscores = dot(do, v, trans_b=True) * intra * scale
-        do_s = dot(do, s, trans_b=True)                          # [C, K]: do_i S^T
+        do_s = dot(do, s, trans_b=True)  # [C, K]: do_i S^T
         dq = dot(dscores, k) + read * do_s
         dq_ref[...] = dq.astype(dq_ref.dtype)
         pairs = total(dscores * dot(q, k, trans_b=True) * (m_col - m_row))
@@ -158,8 +168,8 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
 
         ds = dstate[...]
         decay_t = causal_decay(m_col, m_row, transpose=True, gamma=gamma_ref[pl.program_id(0)]) * scale
-        dscores_t = dot(v, do, trans_b=True) * decay_t          # [j, i]
-        scores_t = dot(k, q, trans_b=True) * decay_t            # [j, i]
+        dscores_t = dot(v, do, trans_b=True) * decay_t  # [j, i]
+        scores_t = dot(k, q, trans_b=True) * decay_t  # [j, i]
         dk = dot(dscores_t, q) + to_end * dot(v, ds, trans_b=True)
         dv = dot(scores_t, do) + to_end * dot(k, ds)
         dk_ref[...] = dk.astype(dk_ref.dtype)
@@ -168,6 +178,7 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
         dstate[...] = new
 
         if has_h0:
+
             @pl.when(first_ref[c] == 1)
             def emit_initial_state_grad():
                 dh0_ref[...] = new
@@ -180,19 +191,29 @@ def _bwd_kernel(seq_ref, first_ref, last_ref, length_ref, gamma_ref,
 def fused_bwd(q, k, v, do, g_gamma, h0, dht, tables, cfg: KernelConfig):
     """-> dq, dk [H, S, K]; dv [H, S, V] (input dtypes); dh0 [N, H, K, V] or None; dg_gamma [H]."""
     C, K, V, NT = cfg.C, cfg.K, cfg.V, cfg.NT
-    at_chunk = lambda h, p, t, *s: (h, t + p * (NT - 1 - 2 * t), 0)       # phase 0: t; phase 1: NT-1-t
-    dq_at = lambda h, p, t, *s: (h, t + p * (NT - 1 - t), 0)              # parked on NT-1 in phase 1
-    dkv_at = lambda h, p, t, *s: (h, NT - 1 - t * p, 0)                  # parked on NT-1 in phase 0
+    at_chunk = lambda h, p, t, *s: (h, t + p * (NT - 1 - 2 * t), 0)  # phase 0: t; phase 1: NT-1-t
+    dq_at = lambda h, p, t, *s: (h, t + p * (NT - 1 - t), 0)  # parked on NT-1 in phase 1
+    dkv_at = lambda h, p, t, *s: (h, NT - 1 - t * p, 0)  # parked on NT-1 in phase 0
     state_at = lambda h, p, t, seq, *s: (seq[t + p * (NT - 1 - 2 * t)], h, 0, 0)
     dh0_at = lambda h, p, t, seq, *s: (seq[NT - 1 - t * p], h, 0, 0)
-    in_specs = [pl.BlockSpec((None, C, K), at_chunk), pl.BlockSpec((None, C, K), at_chunk),
-                pl.BlockSpec((None, C, V), at_chunk), pl.BlockSpec((None, C, V), at_chunk),
-                pl.BlockSpec((None, None, K, V), state_at)]
+    in_specs = [
+        pl.BlockSpec((None, C, K), at_chunk),
+        pl.BlockSpec((None, C, K), at_chunk),
+        pl.BlockSpec((None, C, V), at_chunk),
+        pl.BlockSpec((None, C, V), at_chunk),
+        pl.BlockSpec((None, None, K, V), state_at),
+    ]
     args = [q, k, v, do, dht]
-    out_specs = [pl.BlockSpec((None, C, K), dq_at), pl.BlockSpec((None, C, K), dkv_at),
-                 pl.BlockSpec((None, C, V), dkv_at)]
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-                 jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    out_specs = [
+        pl.BlockSpec((None, C, K), dq_at),
+        pl.BlockSpec((None, C, K), dkv_at),
+        pl.BlockSpec((None, C, V), dkv_at),
+    ]
+    out_shape = [
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+    ]
     if cfg.has_h0:
         in_specs.append(pl.BlockSpec((None, None, K, V), state_at))
         args.append(h0)
@@ -203,11 +224,16 @@ def fused_bwd(q, k, v, do, g_gamma, h0, dht, tables, cfg: KernelConfig):
     out = pl.pallas_call(
         functools.partial(_bwd_kernel, scale=cfg.scale, NT=NT, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5, grid=(cfg.H, 2, NT), in_specs=in_specs, out_specs=out_specs,
-            scratch_shapes=[pltpu.VMEM((K, V), F32)] * 3 + [pltpu.VMEM((1, 1), F32)]),
+            num_scalar_prefetch=5,
+            grid=(cfg.H, 2, NT),
+            in_specs=in_specs,
+            out_specs=out_specs,
+            scratch_shapes=[pltpu.VMEM((K, V), F32)] * 3 + [pltpu.VMEM((1, 1), F32)],
+        ),
         out_shape=out_shape,
         compiler_params=params("parallel", "arbitrary", "arbitrary"),
-        interpret=interpret_mode(), name="simple_gla_fused_bwd",
+        interpret=interpret_mode(),
+        name="simple_gla_fused_bwd",
     )(*tables, g_gamma.astype(F32), *args)
     dq, dk, dv = out[:3]
     dh0 = out[3] if cfg.has_h0 else None
@@ -230,25 +256,55 @@ def _fused_core_bwd(cfg, res, cot):
     q, k, v, g_gamma, h0, tables = res
     do, dht = cot
     dq, dk, dv, dh0, dg_gamma = fused_bwd(q, k, v, do.astype(q.dtype), g_gamma, h0, dht.astype(F32), tables, cfg)
-    return (dq, dk, dv, dg_gamma.astype(g_gamma.dtype), (None if h0 is None else dh0.astype(h0.dtype)),
-            None, None, None, None)
+    return (
+        dq,
+        dk,
+        dv,
+        dg_gamma.astype(g_gamma.dtype),
+        (None if h0 is None else dh0.astype(h0.dtype)),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 fused_core.defvjp(_fused_core_fwd, _fused_core_bwd)
 
 
-def fused_chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
-                           output_final_state=False, cu_seqlens=None, chunk_size=64):
+def fused_chunk_simple_gla(
+    q,
+    k,
+    v,
+    g=None,
+    g_gamma=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    chunk_size=64,
+):
     """Simple GLA with per-head g_gamma [H], fused Pallas kernels (FLA's calling convention).
 
     q, k [B, T, H, K]; v [B, T, H, V]; g_gamma [H] float32 <= 0 (g must be None);
     initial_state [N, H, K, V]; cu_seqlens [N + 1] (B == 1). Returns o [B, T, H, V] in q's
     dtype and the final state [N, H, K, V] float32 (None unless output_final_state).
     Differentiable w.r.t. q, k, v, g_gamma and initial_state."""
-    layout, cfg = prepare("simple_gla", q, k, v, align=ALIGN, g=g, g_gamma=g_gamma, scale=scale,
-                          initial_state=initial_state, output_final_state=output_final_state,
-                          cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                          require_g_gamma=True)
+    layout, cfg = prepare(
+        "simple_gla",
+        q,
+        k,
+        v,
+        align=ALIGN,
+        g=g,
+        g_gamma=g_gamma,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+        require_g_gamma=True,
+    )
     o, ht = _fused(q, k, v, g_gamma, initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 

@@ -2,22 +2,35 @@
 (parity.mutants) and user candidates NAME=FRAMEWORK:MODULE:FUNCTION (FRAMEWORK jax, pallas or
 torch). A spec is parsed once (parity.spec.parse_backend_spec) into a BackendSpec;
 `make_backend(spec)` builds its backend (in a worker process, from the spec)."""
+
 from __future__ import annotations
 
 import importlib
 import os
 import sys
 
+from ..spec import (
+    BUILTIN,
+    FRAMEWORKS,
+    MUTANT_PREFIX,
+    NAME_RE,
+    REFERENCE,
+    BackendSpec,
+    KernelCall,
+    SpecError,
+    as_spec,
+    parse_backend_spec,
+)
 from .base import Backend, BackendResult, CompileSubject, Execution, Unsupported, execute
-from ..spec import (BUILTIN, FRAMEWORKS, MUTANT_PREFIX, NAME_RE, REFERENCE, BackendSpec, KernelCall, SpecError,
-                   as_spec, parse_backend_spec)
 
 
 def parse_candidate(text: str) -> tuple[str, str, str, str]:
     """(name, framework, module, function) of a candidate spec NAME=FRAMEWORK:MODULE:FUNCTION."""
     spec = parse_backend_spec(text)
     if not spec.is_candidate_spec:
-        raise SpecError(f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla")
+        raise SpecError(
+            f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
+        )
     return (spec.name, spec.framework, *spec.module_function())
 
 
@@ -31,7 +44,9 @@ def load_candidate_function(spec: BackendSpec | str):
     try:
         mod = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
-        raise SpecError(f"--candidate {spec.text!r}: cannot import module {module!r}: {type(e).__name__}: {e}") from None
+        raise SpecError(
+            f"--candidate {spec.text!r}: cannot import module {module!r}: {type(e).__name__}: {e}"
+        ) from None
     fn = getattr(mod, func, None)
     if not callable(fn):
         raise SpecError(f"--candidate {spec.text!r}: module {module!r} has no function {func!r}")
@@ -47,21 +62,27 @@ def make_backend(spec: BackendSpec | str) -> Backend:
     spec = as_spec(spec)
     if spec.kind == "oracle":
         from .oracle import OracleBackend
+
         return OracleBackend()
     if spec.kind == "fla":
         from .fla import FlaBackend
+
         return FlaBackend()
     if spec.kind == "kernels_jax":
         from .jax_backends import PallasBackend
+
         return PallasBackend(spec.name)
     if spec.kind == "mutant":
         from .mutant import MutantBackend
+
         return MutantBackend(spec)
     fn = load_candidate_function(spec)
     if spec.framework in ("jax", "pallas"):
         from .jax_backends import JaxCandidate
+
         return JaxCandidate(spec.name, fn, spec.text, framework=spec.framework)
     from .torch_candidate import TorchCandidate
+
     return TorchCandidate(spec.name, fn, spec.text)
 
 
@@ -101,18 +122,43 @@ def check_specs_isolated(texts: list[str], timeout_s: float) -> list[BackendSpec
     if not any(s.is_candidate_spec for s in specs):
         return specs
     from ..proc import call_in_child
+
     status, value = call_in_child(_check_specs_message, ([s.text for s in specs],), timeout_s)
     if status == "timeout":
-        raise SpecError(f"importing the candidate modules of {[s.text for s in specs]} did not finish within "
-                        f"{timeout_s:g} s (--timeout)")
+        raise SpecError(
+            f"importing the candidate modules of {[s.text for s in specs]} did not finish within "
+            f"{timeout_s:g} s (--timeout)"
+        )
     if status == "died":
-        raise SpecError(f"importing the candidate modules of {[s.text for s in specs]} ended the process (exit code {value})")
+        raise SpecError(
+            f"importing the candidate modules of {[s.text for s in specs]} ended the process (exit code {value})"
+        )
     if value:
         raise SpecError(value)
     return specs
 
 
-__all__ = ["Backend", "BackendResult", "BackendSpec", "CompileSubject", "Execution", "KernelCall", "Unsupported",
-           "execute", "make_backend", "check_specs", "check_specs_isolated", "backend_name", "parse_backend_spec",
-           "parse_candidate", "parse_specs", "as_spec", "SpecError", "BUILTIN", "FRAMEWORKS", "MUTANT_PREFIX",
-           "NAME_RE", "REFERENCE"]
+__all__ = [
+    "Backend",
+    "BackendResult",
+    "BackendSpec",
+    "CompileSubject",
+    "Execution",
+    "KernelCall",
+    "Unsupported",
+    "execute",
+    "make_backend",
+    "check_specs",
+    "check_specs_isolated",
+    "backend_name",
+    "parse_backend_spec",
+    "parse_candidate",
+    "parse_specs",
+    "as_spec",
+    "SpecError",
+    "BUILTIN",
+    "FRAMEWORKS",
+    "MUTANT_PREFIX",
+    "NAME_RE",
+    "REFERENCE",
+]

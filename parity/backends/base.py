@@ -5,6 +5,7 @@ and returns every output and gradient the case asks for (`case.output_names()`:
 o, ht, dq, dk, dv, dg or dg_gamma, dbeta, dh0) as numpy arrays, plus where it really
 ran. `execute` wraps a backend call so that any failure becomes a record.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,7 @@ import numpy as np
 from cases import Case
 
 from ..spec import KernelCall
+
 STATUSES = ("ok", "error", "timeout", "unsupported")
 
 
@@ -28,12 +30,13 @@ class Unsupported(Exception):
 @dataclasses.dataclass
 class Execution:
     """What a backend returns for one case."""
+
     tensors: dict[str, np.ndarray]
-    platform: str                      # where it really ran: 'cpu:triton-interpreter', 'cuda:NVIDIA H100 ...'
-    implementation: str                # e.g. 'fla.ops.simple_gla.chunk_simple_gla'
+    platform: str  # where it really ran: 'cpu:triton-interpreter', 'cuda:NVIDIA H100 ...'
+    implementation: str  # e.g. 'fla.ops.simple_gla.chunk_simple_gla'
     versions: dict[str, str]
     kernel_time_s: float | None = None  # wall time of the kernel calls alone (fwd + bwd)
-    numerics: str = ""                 # how its arithmetic was computed: 'tpu-mxu-v1', 'float64', ...
+    numerics: str = ""  # how its arithmetic was computed: 'tpu-mxu-v1', 'float64', ...
     # free-form facts, e.g. {'chunk_size': 64} when the kernel used another chunk size than
     # the case, or {'unsupported_tensors': {'dg_gamma': 'why'}} for tensors it cannot produce
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -42,9 +45,10 @@ class Execution:
 @dataclasses.dataclass
 class BackendResult:
     """One backend's outcome for one case: an Execution, or an error record."""
+
     backend: str
     side: str
-    status: str                        # one of STATUSES
+    status: str  # one of STATUSES
     tensors: dict[str, np.ndarray]
     platform: str = ""
     implementation: str = ""
@@ -57,8 +61,8 @@ class BackendResult:
 
 
 class Backend(Protocol):
-    name: str   # 'oracle', 'fla', 'pallas', 'pallas-fused', or a candidate's name
-    side: str   # one of SIDES
+    name: str  # 'oracle', 'fla', 'pallas', 'pallas-fused', or a candidate's name
+    side: str  # one of SIDES
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         """Compute case.output_names(); raise Unsupported(reason) when there is no kernel."""
@@ -75,20 +79,25 @@ class CompileSubject:
     """What a jax backend compiles for TPU targets (parity.tpu_compile): fn in FLA's calling
     convention, traced inside `context` (e.g. a mutation switch); expect_mosaic when it claims
     to be a Pallas kernel (its TPU module must then contain a Mosaic kernel)."""
+
     fn: Any
     implementation: str
     context: Any = contextlib.nullcontext
     expect_mosaic: bool = True
 
 
-def check_tensors(case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any],
-                  unsupported: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+def check_tensors(
+    case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any], unsupported: dict[str, str] | None = None
+) -> dict[str, np.ndarray]:
     """Every expected tensor present (or named in `unsupported` with a reason), with the
     shape of the tensor it belongs to."""
     unsupported = unsupported or {}
     expected = {
-        "o": (case.B, case.T, case.H, case.V), "ht": (case.N, case.H, case.K, case.V),
-        "dq": inputs["q"].shape, "dk": inputs["k"].shape, "dv": inputs["v"].shape,
+        "o": (case.B, case.T, case.H, case.V),
+        "ht": (case.N, case.H, case.K, case.V),
+        "dq": inputs["q"].shape,
+        "dk": inputs["k"].shape,
+        "dv": inputs["v"].shape,
         "dg": inputs["g"].shape if "g" in inputs else None,
         "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
         "dbeta": inputs["beta"].shape if "beta" in inputs else None,
@@ -120,9 +129,17 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
         return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a failing case must never stop the run
         tb = traceback.format_exc(limit=-6)
-        return BackendResult(**base, status="error", error=f"{type(e).__name__}: {e}\n{tb}",
-                             wall_time_s=time.perf_counter() - t0)
-    return BackendResult(**{**base, "tensors": tensors}, status="ok", platform=ex.platform,
-                         implementation=ex.implementation, versions=ex.versions,
-                         kernel_time_s=ex.kernel_time_s, numerics=ex.numerics, notes=ex.notes,
-                         wall_time_s=time.perf_counter() - t0)
+        return BackendResult(
+            **base, status="error", error=f"{type(e).__name__}: {e}\n{tb}", wall_time_s=time.perf_counter() - t0
+        )
+    return BackendResult(
+        **{**base, "tensors": tensors},
+        status="ok",
+        platform=ex.platform,
+        implementation=ex.implementation,
+        versions=ex.versions,
+        kernel_time_s=ex.kernel_time_s,
+        numerics=ex.numerics,
+        notes=ex.notes,
+        wall_time_s=time.perf_counter() - t0,
+    )

@@ -13,12 +13,13 @@ non-empty string, the reason: not supported) that is asked before it is called.
 Gradients w.r.t. every differentiable input through jax.vjp or torch autograd, with
 cotangents do (and dht when the case returns the final state).
 """
+
 from __future__ import annotations
 
 import contextlib
 import inspect
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,8 +27,15 @@ from cases import Case
 
 from .base import Unsupported
 
-GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "g_gamma": "dg_gamma", "beta": "dbeta",
-              "initial_state": "dh0"}
+GRAD_NAMES = {
+    "q": "dq",
+    "k": "dk",
+    "v": "dv",
+    "g": "dg",
+    "g_gamma": "dg_gamma",
+    "beta": "dbeta",
+    "initial_state": "dh0",
+}
 
 
 def differentiable_inputs(case: Case, inputs: dict[str, np.ndarray]) -> list[str]:
@@ -69,6 +77,7 @@ def candidate_declines():
     was raised inside a framework (FRAMEWORK_PACKAGES: the innermost frame decides; jax's
     traceback filtering is turned off meanwhile so that its frames are there to see)."""
     import jax
+
     filtering = jax.config.jax_traceback_filtering
     jax.config.update("jax_traceback_filtering", "off")
     try:
@@ -112,6 +121,7 @@ def jax_program(fn: Callable, case: Case) -> Callable:
     int32 array (kernels plan the packed layout on the host)."""
     import jax
     import jax.numpy as jnp
+
     cu = None if case.seqlens is None else jnp.asarray(case.cu_seqlens, jnp.int32)
     kw = static_kwargs(case, fn, cu)
 
@@ -125,6 +135,7 @@ def jax_program(fn: Callable, case: Case) -> Callable:
         outs, vjp = jax.vjp(forward, diff)
         (grads,) = vjp(tuple(c.astype(o.dtype) for c, o in zip(cot, outs)))
         return outs, grads
+
     return program
 
 
@@ -137,6 +148,7 @@ def run_jax(fn: Callable, case: Case, inputs: dict[str, np.ndarray]) -> tuple[di
     """(tensors, seconds in fn's forward and backward)."""
     import jax
     import jax.numpy as jnp
+
     diff = {n: jnp.asarray(inputs[n]) for n in differentiable_inputs(case, inputs)}
     cot = tuple(jnp.asarray(inputs[n]) for n in cotangent_names(case))
     program = jax_program(fn, case)
@@ -153,6 +165,7 @@ def run_jax(fn: Callable, case: Case, inputs: dict[str, np.ndarray]) -> tuple[di
 def to_torch(a: np.ndarray, device: str = "cpu"):
     """The exact bits of a numpy array as a torch tensor (bfloat16 through its uint16 view)."""
     import torch
+
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(a).view(np.uint16).view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(np.ascontiguousarray(a)).to(device)
@@ -161,16 +174,23 @@ def to_torch(a: np.ndarray, device: str = "cpu"):
 def from_torch(t) -> np.ndarray:
     import ml_dtypes
     import torch
+
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16).view(ml_dtypes.bfloat16)
     return t.numpy()
 
 
-def run_torch(fn: Callable, case: Case, inputs: dict[str, np.ndarray], device: str = "cpu",
-              sync: Callable[[], None] = lambda: None) -> tuple[dict[str, np.ndarray], float]:
+def run_torch(
+    fn: Callable,
+    case: Case,
+    inputs: dict[str, np.ndarray],
+    device: str = "cpu",
+    sync: Callable[[], None] = lambda: None,
+) -> tuple[dict[str, np.ndarray], float]:
     """(tensors, seconds in fn's forward and backward); tensors that get no gradient are absent."""
     import torch
+
     names = differentiable_inputs(case, inputs)
     diff = {n: to_torch(inputs[n], device).requires_grad_(case.backward) for n in names}
     cu = inputs.get("cu_seqlens")

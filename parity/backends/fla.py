@@ -9,6 +9,7 @@ run under the Triton interpreter (see triton_interpreter.py), recorded as
 Tensors FLA does not differentiate (it returns no gradient for g_gamma) are reported as
 unsupported with the reason, never as zeros.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,15 +20,17 @@ import numpy as np
 
 from cases import Case
 
+from ..spec import REFERENCE, KernelCall
 from . import triton_interpreter
 from .base import Execution
 from .calling import GRAD_NAMES, run_torch
-from ..spec import REFERENCE, KernelCall
 
 # op -> (module, function)
-FLA_KERNELS = {"simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
-               "gla": ("fla.ops.gla", "chunk_gla"),
-               "kda": ("fla.ops.kda", "chunk_kda")}
+FLA_KERNELS = {
+    "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "gla": ("fla.ops.gla", "chunk_gla"),
+    "kda": ("fla.ops.kda", "chunk_kda"),
+}
 
 
 def fla_chunk_size(case: Case) -> int:
@@ -45,11 +48,13 @@ class FlaImportedTooEarly(RuntimeError):
 
 def _cuda() -> bool:
     import torch
+
     return torch.cuda.is_available()
 
 
 def _kernel(case: Case, cuda: bool):
     import importlib
+
     if not cuda:
         warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
         compiled_already = "fla" in sys.modules and not triton_interpreter.interpreting_fla()  # the fla package
@@ -57,7 +62,8 @@ def _kernel(case: Case, cuda: bool):
         if compiled_already:
             raise FlaImportedTooEarly(
                 "fla was imported before TRITON_INTERPRET=1 was set, so its kernels were built for a GPU; "
-                "import parity.backends.fla (or call parity.backends.triton_interpreter.request()) first")
+                "import parity.backends.fla (or call parity.backends.triton_interpreter.request()) first"
+            )
     module, name = FLA_KERNELS[case.op]
     return getattr(importlib.import_module(module), name)
 
@@ -65,11 +71,13 @@ def _kernel(case: Case, cuda: bool):
 def _versions() -> dict[str, str]:
     import torch
     import triton
+
     return {"fla-core": metadata.version("fla-core"), "triton": triton.__version__, "torch": torch.__version__}
 
 
 class FlaBackend:
     """FLA's chunked Triton kernels: the GPU side of the gate."""
+
     name = REFERENCE
     side = "reference"
 
@@ -77,26 +85,47 @@ class FlaBackend:
     def kernel_call(case: Case) -> KernelCall:
         """FLA's kernel for the case and the chunk_size passed to it (chunk_gla takes none)."""
         module, function = FLA_KERNELS[case.op]
-        return KernelCall("torch", module, function, None if case.op == "gla" else fla_chunk_size(case),
-                          cu_seqlens_int64=True)
+        return KernelCall(
+            "torch", module, function, None if case.op == "gla" else fla_chunk_size(case), cu_seqlens_int64=True
+        )
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
+
         cuda = _cuda()
         fla_fn = _kernel(case, cuda)
         chunk = fla_chunk_size(case)
         how = self.kernel_call(case)
         extra = {} if how.chunk_size is None else {"chunk_size": how.chunk_size}
 
-        def call(q, k, v, g=None, g_gamma=None, beta=None, scale=None, initial_state=None,
-                 output_final_state=False, cu_seqlens=None):
+        def call(
+            q,
+            k,
+            v,
+            g=None,
+            g_gamma=None,
+            beta=None,
+            scale=None,
+            initial_state=None,
+            output_final_state=False,
+            cu_seqlens=None,
+        ):
             gates = {"g": g} if case.op != "simple_gla" or g is not None else {"g_gamma": g_gamma}
             if beta is not None:
                 gates["beta"] = beta
             if cu_seqlens is not None and how.cu_seqlens_int64:
                 cu_seqlens = cu_seqlens.long()
-            return fla_fn(q, k, v, **gates, scale=scale, initial_state=initial_state,
-                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, **extra)
+            return fla_fn(
+                q,
+                k,
+                v,
+                **gates,
+                scale=scale,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens,
+                **extra,
+            )
 
         if cuda:
             run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
@@ -109,15 +138,25 @@ class FlaBackend:
         notes = {"chunk_size": chunk}
         if not cuda:
             notes["emulation"] = "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU"
-        missing = {n: "FLA's autograd returns no gradient for it" for n in case.output_names()
-                   if n not in tensors and n in GRAD_NAMES.values()}
+        missing = {
+            n: "FLA's autograd returns no gradient for it"
+            for n in case.output_names()
+            if n not in tensors and n in GRAD_NAMES.values()
+        }
         if missing:
             notes["unsupported_tensors"] = missing
         if cuda:
             numerics = "cuda"
         else:
             from .triton_interpreter import TF32_ROUNDING
+
             numerics = f"triton-interpreter-gpu-v1 (tf32 {TF32_ROUNDING}, bf16 rne)"
-        return Execution(tensors=tensors, platform=platform,
-                         implementation=f"fla.ops.{case.op}.{FLA_KERNELS[case.op][1]}",
-                         versions=_versions(), kernel_time_s=seconds, numerics=numerics, notes=notes)
+        return Execution(
+            tensors=tensors,
+            platform=platform,
+            implementation=f"fla.ops.{case.op}.{FLA_KERNELS[case.op][1]}",
+            versions=_versions(),
+            kernel_time_s=seconds,
+            numerics=numerics,
+            notes=notes,
+        )

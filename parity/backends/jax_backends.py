@@ -3,25 +3,28 @@
 Both run on a TPU when one is present; elsewhere inside TPU interpret mode
 (`pltpu.force_tpu_interpret_mode()`), so third-party Pallas TPU kernels run unchanged on CPU.
 """
+
 from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from cases import Case
 
+from ..spec import KernelCall, parse_backend_spec
 from .base import CompileSubject, Execution, Unsupported
 from .calling import accepts, candidate_declines, check_candidate_supports, run_jax
-from ..spec import KernelCall, parse_backend_spec
 
 # implementation name -> {op: (module, function)}
 PALLAS_KERNELS = {
-    "pallas": {"simple_gla": ("kernels_jax.simple_gla", "chunk_simple_gla"),
-               "gla": ("kernels_jax.gla", "chunk_gla"),
-               "kda": ("kernels_jax.kda", "chunk_kda")},
+    "pallas": {
+        "simple_gla": ("kernels_jax.simple_gla", "chunk_simple_gla"),
+        "gla": ("kernels_jax.gla", "chunk_gla"),
+        "kda": ("kernels_jax.kda", "chunk_kda"),
+    },
     "pallas-fused": {"simple_gla": ("kernels_jax.simple_gla", "fused_chunk_simple_gla")},
 }
 FUSED_ONLY = {"pallas-fused": "the fused path exists for g_gamma gating only"}
@@ -29,11 +32,13 @@ FUSED_ONLY = {"pallas-fused": "the fused path exists for g_gamma gating only"}
 
 def _tpu_present() -> bool:
     from kernels_jax.common.platform import on_tpu
+
     return on_tpu()
 
 
 def _platform() -> str:
     from kernels_jax.common.platform import platform_name
+
     return platform_name()
 
 
@@ -42,17 +47,20 @@ def _numerics() -> str:
     if _tpu_present():
         return "tpu"
     from parity import tpu_numerics
+
     return tpu_numerics.active()
 
 
 def _versions() -> dict[str, str]:
     import jax
     import jaxlib
+
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
 
 
 class PallasBackend:
     """kernels_jax: `pallas` (chunked) or `pallas-fused` (Simple GLA g_gamma fused path)."""
+
     side = "candidate"
 
     def __init__(self, name: str = "pallas"):
@@ -69,6 +77,7 @@ class PallasBackend:
         fn = getattr(module, where[1])
         from cases import storage_dtype
         from kernels_jax.common.validation import NoKernel
+
         try:  # before anything is traced: a missing kernel is `unsupported`, not an error
             module.check_supported(case.K, case.V, storage_dtype(case, "q"))
         except NoKernel as e:
@@ -100,13 +109,21 @@ class PallasBackend:
         return CompileSubject(fn, f"{fn.__module__}.{fn.__name__}")
 
     @staticmethod
-    def execute(fn: Callable, case: Case, inputs: dict[str, np.ndarray], implementation: str,
-                notes: dict | None = None) -> Execution:
+    def execute(
+        fn: Callable, case: Case, inputs: dict[str, np.ndarray], implementation: str, notes: dict | None = None
+    ) -> Execution:
         """Call a kernels_jax kernel (or a variant of one) and record where it ran."""
         numerics = _numerics()
         tensors, seconds = run_jax(fn, case, inputs)
-        return Execution(tensors=tensors, platform=_platform(), implementation=implementation,
-                         versions=_versions(), kernel_time_s=seconds, numerics=numerics, notes=notes or {})
+        return Execution(
+            tensors=tensors,
+            platform=_platform(),
+            implementation=implementation,
+            versions=_versions(),
+            kernel_time_s=seconds,
+            numerics=numerics,
+            notes=notes or {},
+        )
 
 
 class JaxCandidate:
@@ -114,6 +131,7 @@ class JaxCandidate:
 
     framework 'pallas' says it is a Pallas TPU kernel: its compiled TPU module must contain a
     Mosaic kernel; 'jax' is any jax code (plain XLA is fine)."""
+
     side = "candidate"
 
     def __init__(self, name: str, fn: Callable, spec: str, framework: str = "jax"):
@@ -121,13 +139,20 @@ class JaxCandidate:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         from jax.experimental.pallas import tpu as pltpu
+
         check_candidate_supports(self.fn, case)
         ctx = contextlib.nullcontext() if _tpu_present() else pltpu.force_tpu_interpret_mode()
         numerics = _numerics()
         with ctx, candidate_declines():
             tensors, seconds = run_jax(self.fn, case, inputs)
-        return Execution(tensors=tensors, platform=_platform(), implementation=self.spec,
-                         versions=_versions(), kernel_time_s=seconds, numerics=numerics)
+        return Execution(
+            tensors=tensors,
+            platform=_platform(),
+            implementation=self.spec,
+            versions=_versions(),
+            kernel_time_s=seconds,
+            numerics=numerics,
+        )
 
     def kernel_call(self, case: Case) -> KernelCall:
         """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
@@ -137,4 +162,3 @@ class JaxCandidate:
     def compile_subject(self, case: Case) -> CompileSubject:
         check_candidate_supports(self.fn, case)
         return CompileSubject(self.fn, self.spec, expect_mosaic=self.framework == "pallas")
-

@@ -11,6 +11,7 @@ and replaced, with a warning. Writers write a file of their own (unique temporar
 and rename it into place, so concurrent writers of one entry cannot corrupt it: the last
 rename wins and every candidate is a complete file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,7 +75,12 @@ def cached_oracle(case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, 
         try:
             return _load_verified(path, case, key), True, time.perf_counter() - t0
         except ValueError as e:
-            warnings.warn(OracleCacheWarning(f"oracle cache entry {path} for {case.id} is damaged ({e}): recomputed and replaced"))
+            warnings.warn(
+                OracleCacheWarning(
+                    f"oracle cache entry {path} for {case.id} is damaged ({e}): recomputed and replaced"
+                ),
+                stacklevel=2,
+            )
     out = oracle_run(case, inputs)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=".npz")
@@ -98,8 +104,14 @@ class OracleBackend:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import jax
+
         tensors, hit, seconds = cached_oracle(case, inputs)
-        return Execution(tensors=tensors, platform=f"cpu:float64 ({platform.machine()})",
-                         implementation=f"references.{case.op} (float64 recurrence, jax autodiff)",
-                         versions={"oracle": ORACLE_VERSION, "jax": jax.__version__},
-                         kernel_time_s=seconds, numerics="float64", notes={"cache_hit": hit})
+        return Execution(
+            tensors=tensors,
+            platform=f"cpu:float64 ({platform.machine()})",
+            implementation=f"references.{case.op} (float64 recurrence, jax autodiff)",
+            versions={"oracle": ORACLE_VERSION, "jax": jax.__version__},
+            kernel_time_s=seconds,
+            numerics="float64",
+            notes={"cache_hit": hit},
+        )

@@ -1,15 +1,16 @@
 """A user's torch function in FLA's convention, on CUDA when present, else CPU."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from cases import Case
 
+from ..spec import KernelCall, parse_backend_spec
 from .base import Execution
 from .calling import accepts, candidate_declines, check_candidate_supports, run_torch
-from ..spec import KernelCall, parse_backend_spec
 
 
 class TorchCandidate:
@@ -25,12 +26,20 @@ class TorchCandidate:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
+
         cuda = torch.cuda.is_available()
         device = "cuda" if cuda else "cpu"
         check_candidate_supports(self.fn, case)
         with candidate_declines():
-            tensors, seconds = run_torch(self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None)
+            tensors, seconds = run_torch(
+                self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None
+            )
         where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
-        return Execution(tensors=tensors, platform=where, implementation=self.spec,
-                         versions={"torch": torch.__version__}, kernel_time_s=seconds,
-                         numerics="cuda" if cuda else "cpu-torch")
+        return Execution(
+            tensors=tensors,
+            platform=where,
+            implementation=self.spec,
+            versions={"torch": torch.__version__},
+            kernel_time_s=seconds,
+            numerics="cuda" if cuda else "cpu-torch",
+        )

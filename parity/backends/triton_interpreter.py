@@ -18,6 +18,7 @@ file is modified:
    TF32 (10 mantissa bits; by truncation, see TF32_ROUNDING) and accumulates in float32;
    "ieee" and "tf32x3" dots stay exact float32.
 """
+
 from __future__ import annotations
 
 import ast
@@ -54,7 +55,9 @@ def request() -> None:
 def interpreting_fla() -> bool:
     """False when some already-imported fla kernel was built for a GPU (compiled mode)."""
     import sys
+
     from triton.runtime.jit import JITFunction
+
     for name, module in list(sys.modules.items()):
         if not name.startswith("fla.") or module is None:
             continue
@@ -73,6 +76,7 @@ def enable() -> None:
     if _enabled:
         return
     from triton.runtime import autotuner, interpreter
+
     _patch_autotuner(autotuner.Autotuner)
     _patch_range(interpreter)
     _patch_bfloat16(interpreter)
@@ -80,6 +84,7 @@ def enable() -> None:
 
 
 # 1. autotuning ---------------------------------------------------------------------------
+
 
 def _patch_autotuner(Autotuner) -> None:
     original = Autotuner.prune_configs
@@ -113,8 +118,11 @@ def _patch_range(interpreter) -> None:
             node = self.generic_visit(node)
             f = node.func
             is_range = (isinstance(f, ast.Name) and f.id == "range") or (
-                isinstance(f, ast.Attribute) and f.attr == "range"
-                and isinstance(f.value, ast.Name) and f.value.id in ("tl", "triton"))
+                isinstance(f, ast.Attribute)
+                and f.attr == "range"
+                and isinstance(f.value, ast.Name)
+                and f.value.id in ("tl", "triton")
+            )
             if is_range:
                 node.func = ast.copy_location(ast.Name(id=RANGE_NAME, ctx=ast.Load()), f)
             return node
@@ -127,9 +135,11 @@ def _patch_range(interpreter) -> None:
 
 # 3. bfloat16 arithmetic ------------------------------------------------------------------
 
+
 def _patch_bfloat16(interpreter) -> None:
     import ml_dtypes
     import triton.language as tl
+
     TensorHandle, Builder = interpreter.TensorHandle, interpreter.InterpreterBuilder
 
     def is_bf16(h) -> bool:
@@ -150,12 +160,14 @@ def _patch_bfloat16(interpreter) -> None:
 
     def on_values(method):
         """Wrap a builder method so bf16 operands are computed on as float32 values."""
+
         @functools.wraps(method)
         def wrapped(self, *args):
             if not any(isinstance(a, TensorHandle) and is_bf16(a) for a in args):
                 return method(self, *args)
             out = method(self, *[widen(a) if isinstance(a, TensorHandle) else a for a in args])
             return narrow(out)
+
         return wrapped
 
     Builder.binary_op = on_values(Builder.binary_op)
@@ -178,6 +190,7 @@ def _patch_bfloat16(interpreter) -> None:
     original_dot = Builder.create_dot
 
     from triton._C.libtriton import ir
+
     tf32 = ir.INPUT_PRECISION.TF32
 
     def as_tf32(h):
@@ -214,6 +227,7 @@ def _patch_bfloat16(interpreter) -> None:
 
     def reduce_on_values(method):
         """Wrap a ReduceOps/ScanOps numpy fast path (sum, max, cumsum, ...) likewise."""
+
         @functools.wraps(method)
         def wrapped(self, input, *rest, **kw):
             if input.dtype != tl.bfloat16:
@@ -224,7 +238,9 @@ def _patch_bfloat16(interpreter) -> None:
                 if isinstance(t, tl.tensor) and t.dtype == tl.float32:
                     return self.to_tensor(narrow(t.handle).data, tl.bfloat16)
                 return t
+
             return type(out)(map(back, out)) if isinstance(out, (list, tuple)) else back(out)
+
         return wrapped
 
     for ops, names in ((interpreter.ReduceOps, ("sum", "min_max")), (interpreter.ScanOps, ("cumsum", "cumprod"))):

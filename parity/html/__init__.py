@@ -12,6 +12,7 @@ The page needs no network and no server (it works from file://). Strings from re
 only ever reach the page through jinja2's autoescape, JSON with '<' escaped, or
 textContent in report.js.
 """
+
 from .build import build_report, write_report
 
 __all__ = ["build_report", "write_report"]

@@ -3,6 +3,7 @@ as one static HTML file (no script, no network): where the subject ran, the mini
 cases found (with their records, repro bundle and the command that replays found.json), the
 worst margin per op, dtype and tensor, and every search. Strings from the summary reach the
 page only through jinja2's autoescape."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,7 +55,8 @@ input elements; {{ "%.0f" | format(s.wall_s) }} s in all. {{ s.subject }} ran on
 def write_page(summary: dict, out: Path) -> Path:
     """Write the page for a fuzz summary (parity.fuzz.run_fuzz) to `out`; returns its path."""
     out = Path(out)
-    html = PAGE.render(s=summary, found_json=out.parent / "found.json",
-                       examples=sum(r["examples"] for r in summary["searches"]))
+    html = PAGE.render(
+        s=summary, found_json=out.parent / "found.json", examples=sum(r["examples"] for r in summary["searches"])
+    )
     out.write_text(html, encoding="utf-8")
     return out

@@ -5,6 +5,7 @@
     run.py         `parity mutants`: run them through the gate and score what caught each
 The backend that runs `mutant:NAME` is parity.backends.mutant, registered like any backend.
 """
+
 from .catalogue import BY_NAME, CATALOGUE, Mutant, catalogue_json
 
 __all__ = ["BY_NAME", "CATALOGUE", "Mutant", "catalogue_json", "format_score", "run_mutants", "score"]
@@ -15,5 +16,6 @@ def __getattr__(name: str):
     imports the runner; the catalogue must not)."""
     if name in ("score", "format_score", "run_mutants"):
         from . import run
+
         return getattr(run, name)
     raise AttributeError(f"module 'parity.mutants' has no attribute {name!r}")

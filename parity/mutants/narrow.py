@@ -17,15 +17,16 @@ finds and shrinks each. They are in the catalogue (`mutant:NAME`, marked `narrow
 runs them only when named with --only, since no suite is meant to catch them) and run as
 candidate functions too: `--candidate NAME=jax:parity.mutants.narrow:FUNCTION` (CANDIDATES).
 """
+
 from __future__ import annotations
 
 import math
 
 from cases import Case
 
-from .catalogue import Mutant   # (catalogue imports this module after defining Mutant)
+from .catalogue import Mutant  # (catalogue imports this module after defining Mutant)
 
-LANES = 128   # the width of a TPU vector tile
+LANES = 128  # the width of a TPU vector tile
 
 
 # ------------------------------------------------------------------ triggers, on shapes
@@ -69,6 +70,7 @@ def _tail_one_token(fn):
         if one_token_tail(q.shape[1], chunk_size, cu_seqlens is not None):
             o = o.at[:, -1].set(0)
         return o, ht
+
     return call
 
 
@@ -83,6 +85,7 @@ def _dh0_last_single(fn):
         if last_sequence_single(lens, initial_state is not None, True):
             initial_state = jnp.concatenate([initial_state[:-1], jax.lax.stop_gradient(initial_state[-1:])])
         return fn(q, k, v, *args, initial_state=initial_state, cu_seqlens=cu_seqlens, **kw)
+
     return call
 
 
@@ -95,6 +98,7 @@ def _heads_wrap(fn):
             head = jnp.arange(H) % 2
             q, k, v = q[:, :, head], k[:, :, head], v[:, :, head]
         return fn(q, k, v, *args, **kw)
+
     return call
 
 
@@ -107,26 +111,51 @@ def _k_tiles_from_v(fn):
             kept = (jnp.arange(K) < LANES * math.ceil(V / LANES)).astype(q.dtype)
             q, k = q * kept, k * kept
         return fn(q, k, v, *args, **kw)
+
     return call
 
 
 NARROW_MUTANTS: tuple[Mutant, ...] = (
-    Mutant("tail-one-token", "simple_gla", "pallas", wrap=_tail_one_token,
-           what="the output of a last chunk holding exactly one token is never stored (T > C, T % C == 1, "
-                "unpacked): every suite's T is off that line",
-           witness="simple_gla-fwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig", narrow=True),
-    Mutant("dh0-last-single", "simple_gla", "pallas", wrap=_dh0_last_single,
-           what="the initial-state gradient of the last packed sequence is dropped when that sequence is a "
-                "single token (no suite packs a length-1 sequence last)",
-           witness="simple_gla-fwdbwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig-h0-lens64_1", narrow=True),
-    Mutant("heads-wrap", "simple_gla", "pallas", wrap=_heads_wrap,
-           what="heads of dim <= 32 packed per tile with a head index map that wraps after two heads "
-                "(no suite has H > 2 with K <= 32)",
-           witness="simple_gla-fwd-B1-T64-H3-K32-V32-fp32-C64-g_logsig", narrow=True),
-    Mutant("k-tiles-from-v", "simple_gla", "pallas", wrap=_k_tiles_from_v,
-           what="the K tile count taken from V: q, k columns past 128 * ceil(V / 128) dropped "
-                "(only when K > V and K > 128; the suites' one K > V pair is 128 > 64)",
-           witness="simple_gla-fwd-B1-T64-H1-K256-V64-fp32-C64-g_logsig", narrow=True),
+    Mutant(
+        "tail-one-token",
+        "simple_gla",
+        "pallas",
+        wrap=_tail_one_token,
+        what="the output of a last chunk holding exactly one token is never stored (T > C, T % C == 1, "
+        "unpacked): every suite's T is off that line",
+        witness="simple_gla-fwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig",
+        narrow=True,
+    ),
+    Mutant(
+        "dh0-last-single",
+        "simple_gla",
+        "pallas",
+        wrap=_dh0_last_single,
+        what="the initial-state gradient of the last packed sequence is dropped when that sequence is a "
+        "single token (no suite packs a length-1 sequence last)",
+        witness="simple_gla-fwdbwd-B1-T65-H1-K64-V64-fp32-C64-g_logsig-h0-lens64_1",
+        narrow=True,
+    ),
+    Mutant(
+        "heads-wrap",
+        "simple_gla",
+        "pallas",
+        wrap=_heads_wrap,
+        what="heads of dim <= 32 packed per tile with a head index map that wraps after two heads "
+        "(no suite has H > 2 with K <= 32)",
+        witness="simple_gla-fwd-B1-T64-H3-K32-V32-fp32-C64-g_logsig",
+        narrow=True,
+    ),
+    Mutant(
+        "k-tiles-from-v",
+        "simple_gla",
+        "pallas",
+        wrap=_k_tiles_from_v,
+        what="the K tile count taken from V: q, k columns past 128 * ceil(V / 128) dropped "
+        "(only when K > V and K > 128; the suites' one K > V pair is 128 > 64)",
+        witness="simple_gla-fwd-B1-T64-H1-K256-V64-fp32-C64-g_logsig",
+        narrow=True,
+    ),
 )
 
 
@@ -140,12 +169,14 @@ def _candidate(mutant: Mutant):
         import importlib
 
         from ..backends.jax_backends import PALLAS_KERNELS
+
         module, function = PALLAS_KERNELS[mutant.impl][mutant.op]
         return mutant.wrap(getattr(importlib.import_module(module), function))(q, k, v, *args, **kw)
 
     def applies(case: Case) -> bool:
         from ..backends.base import Unsupported
         from ..backends.jax_backends import PallasBackend
+
         if case.op != mutant.op:
             return False
         try:
@@ -165,7 +196,7 @@ tail_one_token = _candidate(_BY_NAME["tail-one-token"])
 dh0_last_single = _candidate(_BY_NAME["dh0-last-single"])
 heads_wrap = _candidate(_BY_NAME["heads-wrap"])
 k_tiles_from_v = _candidate(_BY_NAME["k-tiles-from-v"])
-CANDIDATES = {m.name: m.name.replace("-", "_") for m in NARROW_MUTANTS}   # NAME -> function here
+CANDIDATES = {m.name: m.name.replace("-", "_") for m in NARROW_MUTANTS}  # NAME -> function here
 
 
 def candidate_spec(name: str) -> str:
