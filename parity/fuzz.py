@@ -154,7 +154,7 @@ def space_for(op: str, applies, max_elements: int, **fixed) -> Space:
 class CaseRunner:
     """One case at a time through a persistent runner worker (parity.runner._worker_main, which
     calls run_case); the per-backend timeout and the records of a worker that hangs or dies
-    as in run_cases (parity.runner._failure_line). Records land in cfg.out_dir."""
+    as in run_cases (parity.runner._Worker.poll and .fail). Records land in cfg.out_dir."""
 
     def __init__(self, out_dir: Path, specs: list[str], timeout_s: float, run_id: str):
         from .backends import parse_specs
@@ -169,64 +169,28 @@ class CaseRunner:
 
     def run(self, case: Case) -> list[dict]:
         """The summary lines (parity.runner._summary_line) of every backend, oracle first."""
-        from .runner import _failure_line, _Worker
+        from .runner import _Worker
 
         lines: list[dict] = []
         todo = list(self.specs)
-        out_dir, run_id, timeout_s = Path(self.cfg.out_dir), self.cfg.run_id, self.cfg.timeout_s
         while todo:
             if self.worker is None:
-                self.worker = _Worker(self.ctx, out_dir, run_id, ())
+                self.worker = _Worker(self.ctx, Path(self.cfg.out_dir), self.cfg.run_id, ())
             w = self.worker
             w.give(case, todo)
             while True:
-                msg = None
-                if wait([w.conn], timeout=1.0):
-                    try:
-                        msg = w.conn.recv()
-                    except (EOFError, OSError):
-                        msg = ("died",)
-                    if msg[0] == "inputs":
-                        w.input_hash = msg[2]
-                    elif msg[0] == "start":
-                        w.current, w.started = msg[2], time.perf_counter()
-                    elif msg[0] == "done":
-                        lines.append(msg[1])
-                        w.todo.remove(w.current)
-                        w.current, w.started = None, time.perf_counter()
-                    elif msg[0] == "case":
-                        return lines
-                    if msg[0] not in ("died", "crash"):
-                        continue
-                timed_out = time.perf_counter() - w.started > self.cfg.timeout_s
-                if not (timed_out or not w.proc.is_alive() or msg is not None):
+                event = w.poll(bool(wait([w.conn], timeout=1.0)), self.cfg.timeout_s)
+                if event is None:
                     continue
-                w.kill()
+                kind, value = event
+                if kind == "done":
+                    lines.append(value)
+                    continue
+                if kind == "case":
+                    return lines
                 self.worker = None
-                if msg is not None and msg[0] == "crash":
-                    status, err = "error", msg[2]
-                elif timed_out:
-                    status, err = "timeout", f"no result after {self.cfg.timeout_s:g} s; worker killed"
-                else:
-                    status, err = "error", f"worker process died (exit code {w.proc.exitcode})"
-                spec = w.current or w.todo[0]
-                lines.append(_failure_line(case, spec, status, err, out_dir, run_id, timeout_s, w.input_hash))
-                todo = [s for s in w.todo if s != spec]
-                if spec.side == "oracle":
-                    lines += [
-                        _failure_line(
-                            case,
-                            s,
-                            "error",
-                            "the oracle failed for this case, nothing to compare against",
-                            out_dir,
-                            run_id,
-                            timeout_s,
-                            w.input_hash,
-                        )
-                        for s in todo
-                    ]
-                    todo = []
+                failed, todo = w.fail(*value, self.cfg.timeout_s)
+                lines += failed
                 break
         return lines
 

@@ -19,6 +19,7 @@ remove their .tmp-* files and leave a summary of what finished (summary["interru
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -323,7 +324,11 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
 
 # ------------------------------------------------------------------ parent side
 class _Worker:
+    """A worker process running cases (_worker_main) and the parent's view of the case it is on:
+    the backends left (todo), the one running (current) and since when (started)."""
+
     def __init__(self, ctx, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...]):
+        self.out_dir, self.run_id = Path(out_dir), run_id
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
             target=_worker_main, daemon=True, args=(child, str(out_dir), run_id, tuple(tpu_targets))
@@ -345,6 +350,60 @@ class _Worker:
     def kill(self):
         self.proc.kill()
         self.proc.join(5)
+
+    def poll(self, ready: bool, timeout_s: float) -> tuple[str, object] | None:
+        """Read one message when `ready` and say what happened: ("done", summary line) a backend
+        finished; ("case", timing) the case did; ("failed", (status, error)) the worker crashed,
+        died or ran past timeout_s on its current backend (it is killed); None: nothing yet."""
+        msg = None
+        if ready:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                msg = ("died",)
+            if msg[0] == "inputs":
+                self.input_hash = msg[2]
+                return None
+            if msg[0] == "start":
+                self.current, self.started = msg[2], time.perf_counter()
+                return None
+            if msg[0] == "done":
+                self.todo.remove(self.current)
+                self.current, self.started = None, time.perf_counter()
+                return "done", msg[1]
+            if msg[0] == "case":
+                return "case", msg[2]
+        timed_out = time.perf_counter() - self.started > timeout_s
+        died = not self.proc.is_alive() or (msg is not None and msg[0] in ("died", "crash"))
+        if not (timed_out or died):
+            return None
+        self.kill()
+        if msg is not None and msg[0] == "crash":
+            return "failed", ("error", msg[2])
+        if timed_out:
+            return "failed", ("timeout", f"no result after {timeout_s:g} s; worker killed")
+        return "failed", ("error", f"worker process died (exit code {self.proc.exitcode})")
+
+    def fail(self, status: str, error: str, timeout_s: float) -> tuple[list[dict], list]:
+        """(records for the backend the worker failed on, and for every backend left when that was
+        the oracle: nothing to compare against; the backends left to run)."""
+        spec = self.current or (self.todo[0] if self.todo else None)
+        if spec is None:
+            return [], []
+        line = functools.partial(
+            _failure_line,
+            self.case,
+            out_dir=self.out_dir,
+            run_id=self.run_id,
+            timeout_s=timeout_s,
+            input_hash=self.input_hash,
+        )
+        lines = [line(spec, status, error)]
+        rest = [s for s in self.todo if s != spec]
+        if spec.side == "oracle":
+            lines += [line(s, "error", "the oracle failed for this case, nothing to compare against") for s in rest]
+            rest = []
+        return lines, rest
 
 
 class Progress:
@@ -459,26 +518,10 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
 
     def fail(w: _Worker, status: str, err: str) -> None:
         """Record `status` for the backend the worker was on, and go on with the case's others."""
-        spec = w.current or (w.todo[0] if w.todo else None)
-        if spec is None:
+        failed, rest = w.fail(status, err, cfg.timeout_s)
+        if not failed:
             return
-        lines.append(_failure_line(w.case, spec, status, err, out_dir, run_id, cfg.timeout_s, w.input_hash))
-        rest = [s for s in w.todo if s != spec]
-        if spec.side == "oracle":
-            for s in rest:
-                lines.append(
-                    _failure_line(
-                        w.case,
-                        s,
-                        "error",
-                        "the oracle failed for this case, nothing to compare against",
-                        out_dir,
-                        run_id,
-                        cfg.timeout_s,
-                        w.input_hash,
-                    )
-                )
-            rest = []
+        lines.extend(failed)
         if rest:
             retry.append((w.case, rest))
         else:
@@ -496,39 +539,20 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
                 busy.append(w)
             ready = wait([w.conn for w in busy], timeout=1.0)
             for w in list(busy):
-                msg = None
-                if w.conn in ready:
-                    try:
-                        msg = w.conn.recv()
-                    except (EOFError, OSError):
-                        msg = ("died",)
-                    if msg[0] == "inputs":
-                        w.input_hash = msg[2]
-                    elif msg[0] == "start":
-                        w.current, w.started = msg[2], time.perf_counter()
-                    elif msg[0] == "done":
-                        lines.append(msg[1])
-                        w.todo.remove(w.current)
-                        w.current, w.started = None, time.perf_counter()
-                    elif msg[0] == "case":
-                        timings[msg[1]] = msg[2]
-                        busy.remove(w)
-                        idle.append(w)
-                        progress.step(msg[1])
-                        continue
-                    if msg[0] not in ("died", "crash"):
-                        continue
-                timed_out = time.perf_counter() - w.started > cfg.timeout_s
-                died = not w.proc.is_alive() or (msg is not None and msg[0] in ("died", "crash"))
-                if not (timed_out or died):
+                event = w.poll(w.conn in ready, cfg.timeout_s)
+                if event is None:
                     continue
-                w.kill()
-                if msg is not None and msg[0] == "crash":
-                    fail(w, "error", msg[2])
-                elif timed_out:
-                    fail(w, "timeout", f"no result after {cfg.timeout_s:g} s; worker killed")
-                else:
-                    fail(w, "error", f"worker process died (exit code {w.proc.exitcode})")
+                kind, value = event
+                if kind == "done":
+                    lines.append(value)
+                    continue
+                if kind == "case":
+                    timings[w.case.id] = value
+                    busy.remove(w)
+                    idle.append(w)
+                    progress.step(w.case.id)
+                    continue
+                fail(w, *value)
                 busy.remove(w)
                 nw = spawn()
                 workers[workers.index(w)] = nw
