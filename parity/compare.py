@@ -120,12 +120,13 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
         loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
     elif (
         name in TIME_TENSORS
-        and rec.get("nan", 0) + rec.get("inf", 0)
+        and rec.get("nan", 0) + rec.get("inf", 0) >= case.chunk_size * min(case.K, case.V)
         and loc.get("first_chunk", 0) > 0
         and pattern in ("local", "uniform")
     ):
-        # NaN/Inf only from a later chunk on, the first clean: what uninitialised carried state gives
-        # when the chunk axis runs out of order (TPU interpret mode visits 'parallel' axes in a random order)
+        # whole chunks of NaN/Inf (a chunk of one head at least) from a later chunk on, the first clean:
+        # what uninitialised carried state gives when the chunk axis runs out of order (TPU interpret
+        # mode visits 'parallel' axes in a random order); a stray NaN names no hazard
         loc["hazard"] = HAZARDS["after-first-chunk"]
     return loc
 

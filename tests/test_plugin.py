@@ -128,7 +128,8 @@ def test_a_session_without_parity_tests_imports_no_framework(pytester, monkeypat
         "def pytest_unconfigure(config):\n"
         "    heavy = {'jax', 'torch', 'fla', 'triton', 'numpy', 'cases', 'references', 'kernels_jax'}\n"
         "    names = sorted({m.split('.')[0] for m in sys.modules} & heavy)\n"
-        "    names += sorted(m for m in sys.modules if m.startswith('parity.') and m != 'parity.pytest_plugin')\n"
+        "    light = ('parity.pytest_plugin', 'parity.spec')  # the plugin, and the spec parser (standard library)\n"
+        "    names += sorted(m for m in sys.modules if m.startswith('parity.') and m not in light)\n"
         "    open('imported.txt', 'w').write(' '.join(names))\n"
     )
     pytester.makepyfile(test_plain="def test_ok():\n    pass\n")

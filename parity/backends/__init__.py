@@ -26,8 +26,8 @@ from .base import Backend, BackendResult, CompileSubject, Execution, Unsupported
 
 def parse_candidate(text: str) -> tuple[str, str, str, str]:
     """(name, framework, module, function) of a candidate spec NAME=FRAMEWORK:MODULE:FUNCTION."""
-    spec = parse_backend_spec(text)
-    if not spec.is_candidate_spec:
+    spec = parse_backend_spec(text) if "=" in str(text) else None
+    if spec is None or not spec.is_candidate_spec:
         raise SpecError(
             f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
         )
