@@ -429,7 +429,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -9), (signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_5_a_killed_parent_takes_its_workers_and_leaves_a_summary(tmp_path, plants, sig, code):
+def test_5_a_killed_parent_takes_its_workers_and_leaves_a_summary(tmp_path, plants, sig, code, request):
     out = tmp_path / "o"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(plants)])}
     p = subprocess.Popen(
@@ -454,7 +454,11 @@ def test_5_a_killed_parent_takes_its_workers_and_leaves_a_summary(tmp_path, plan
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT deliverable as from a terminal: a test session started in the background (`cmd &`
+        # in a script) ignores SIGINT, and Python keeps an inherited SIG_IGN
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+    request.addfinalizer(lambda: p.poll() is None and p.kill())
     deadline = time.time() + 60
     while not result_path(out, "oracle", TINY.id).exists() and time.time() < deadline and p.poll() is None:
         time.sleep(0.1)
