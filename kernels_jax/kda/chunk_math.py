@@ -31,12 +31,6 @@ from kernels_jax.common.kernel_math import F32, dot
 SUB = 16  # sub-chunk size: off-diagonal sub-blocks use matmuls, diagonal ones exact elementwise decay
 
 
-def mm(a, b, *, ta: bool = False, tb: bool = False):
-    """a @ b (kernel_math.dot: float32 operands at HIGHEST); ta / tb contract a's rows / b's
-    columns (a^T, b^T)."""
-    return dot(a, b, trans_a=ta, trans_b=tb)
-
-
 def iota(shape, dim):
     return lax.broadcasted_iota(jnp.int32, shape, dim)
 
@@ -47,14 +41,14 @@ def eye(n):
 
 def transpose(x):
     """x^T for x [R, C], as an exact identity matmul (I [C, C] contracted with x's columns)."""
-    return mm(eye(x.shape[1]), x, tb=True)
+    return dot(eye(x.shape[1]), x, trans_b=True)
 
 
 def interval_sums(g, starts, ends):
     """sum_{starts[i] < t <= ends[i]} g_t for each row i (0 for an empty interval).
     g [C, K]; starts, ends int32 [C, 1] -> [C, K], as a 0/1 matrix @ g."""
     t = iota((g.shape[0], g.shape[0]), 1)
-    return mm(((t > starts) & (t <= ends)).astype(F32), g)
+    return dot(((t > starts) & (t <= ends)).astype(F32), g)
 
 
 def chunk_cumsum(g):
@@ -66,7 +60,7 @@ def chunk_cumsum(g):
 def reverse_cumsum(dG):
     """dg_t = sum_{i>=t} dG_i (the transpose of chunk_cumsum). [C, K] -> [C, K]."""
     C = dG.shape[0]
-    return mm((iota((C, C), 0) <= iota((C, C), 1)).astype(F32), dG)
+    return dot((iota((C, C), 0) <= iota((C, C), 1)).astype(F32), dG)
 
 
 def row_sums(x):
@@ -113,7 +107,7 @@ def decayed_products(xs, y, g):
 
     def diagonal(offset, Ps):
         select, rows_ok, decay = _same_sub_block_column(g, offset)
-        y_decayed = decay * mm(select, y)  # y_j exp(G_i - G_j), j in i's sub-block
+        y_decayed = decay * dot(select, y)  # y_j exp(G_i - G_j), j in i's sub-block
         return tuple(P + select * jnp.where(rows_ok, row_sums(x * y_decayed), 0.0) for x, P in zip(xs, Ps))
 
     Ps = fori(0, SUB, diagonal, tuple(jnp.zeros((C, C), F32) for _ in xs))
@@ -121,7 +115,7 @@ def decayed_products(xs, y, g):
     for r, to_row, from_row, left in _earlier_sub_blocks(g):
         y_ref = y * from_row
         for x, P, rows in zip(xs, Ps, blocks):
-            rows.append(P[r : r + SUB] + jnp.where(left, mm(x[r : r + SUB] * to_row, y_ref, tb=True), 0.0))
+            rows.append(P[r : r + SUB] + jnp.where(left, dot(x[r : r + SUB] * to_row, y_ref, trans_b=True), 0.0))
     return tuple(jnp.concatenate(rows, axis=0) for rows in blocks)
 
 
@@ -133,13 +127,13 @@ def decayed_products_grad(dPs, xs, y, g):
     def diagonal(offset, grads):
         dxs, dy = grads
         select, rows_ok, decay = _same_sub_block_column(g, offset)
-        y_col = mm(select, y)
+        y_col = dot(select, y)
         new_dxs, dy_rows = [], jnp.zeros((C, K), F32)
         for dP, x, dx in zip(dPs, xs, dxs):
             dP_col = jnp.where(rows_ok, row_sums(select * dP), 0.0) * decay
             new_dxs.append(dx + dP_col * y_col)
             dy_rows = dy_rows + dP_col * x
-        return tuple(new_dxs), dy + mm(select, dy_rows, ta=True)
+        return tuple(new_dxs), dy + dot(select, dy_rows, trans_a=True)
 
     zeros = jnp.zeros((C, K), F32)
     dxs, dy = fori(0, SUB, diagonal, (tuple(zeros for _ in xs), zeros))
@@ -148,8 +142,8 @@ def decayed_products_grad(dPs, xs, y, g):
         y_ref = y * from_row
         for dP, x, dx, rows in zip(dPs, xs, dxs, blocks):
             dP_left = jnp.where(left, dP[r : r + SUB], 0.0)
-            rows.append(dx[r : r + SUB] + to_row * mm(dP_left, y_ref))
-            dy = dy + from_row * mm(dP_left, x[r : r + SUB] * to_row, ta=True)
+            rows.append(dx[r : r + SUB] + to_row * dot(dP_left, y_ref))
+            dy = dy + from_row * dot(dP_left, x[r : r + SUB] * to_row, trans_a=True)
     return tuple(jnp.concatenate(rows, axis=0) for rows in blocks), dy
 
 

@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels_jax.common.config import KernelConfig
-from kernels_jax.common.kernel_math import advance_state, params, state_grad_step
+from kernels_jax.common.kernel_math import advance_state, dot, params, state_grad_step
 from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
@@ -34,7 +34,6 @@ from .chunk_math import (
     decayed_products,
     decayed_products_grad,
     iota,
-    mm,
     reverse_cumsum,
     row_sums,
     transpose,
@@ -52,8 +51,8 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, W_ref, U_ref, Aqk_ref):
     decay, _, _ = chunk_decays(g)
     A_qk, A_kk = decayed_products((q, k), k, g)
     inv, X = wy_factors(jnp.where(causal_mask(g.shape[0], strict=True), A_kk, 0.0), k, decay, beta)
-    W_ref[...] = mm(inv, X)
-    U_ref[...] = mm(inv, v if active("beta_keys_only") else beta * v)  # mutation suite: beta on keys only
+    W_ref[...] = dot(inv, X)
+    U_ref[...] = dot(inv, v if active("beta_keys_only") else beta * v)  # mutation suite: beta on keys only
     Aqk_ref[...] = A_qk
 
 
@@ -108,9 +107,9 @@ def _recurrence_fwd_kernel(
     if store_states:
         h_ref[...] = S
     decay, decay_last, decay_to_end = chunk_decays(g_ref[...])
-    vn = U_ref[...] - mm(W_ref[...], S)  # v_new = U - W S
+    vn = U_ref[...] - dot(W_ref[...], S)  # v_new = U - W S
     qg = _f32(q_ref) * decay
-    o = scale * (mm(qg, S) + mm(Aqk_ref[...], vn))
+    o = scale * (dot(qg, S) + dot(Aqk_ref[...], vn))
     S = advance_state(S, _f32(k_ref), vn, transpose(decay_last), decay_to_end)
     o_ref[...] = o.astype(o_ref.dtype)
     vn_ref[...] = vn
@@ -183,8 +182,8 @@ def _recurrence_bwd_kernel(
     dh_ref[...] = dS
     decay, decay_last, decay_to_end = chunk_decays(g_ref[...])
     do = _f32(do_ref)
-    dvn = scale * mm(Aqk_ref[...], do, ta=True) + mm(_f32(k_ref) * decay_to_end, dS)
-    dS = state_grad_step(dS, _f32(q_ref), do, transpose(decay_last), decay, scale) - mm(W_ref[...], dvn, ta=True)
+    dvn = scale * dot(Aqk_ref[...], do, trans_a=True) + dot(_f32(k_ref) * decay_to_end, dS)
+    dS = state_grad_step(dS, _f32(q_ref), do, transpose(decay_last), decay, scale) - dot(W_ref[...], dvn, trans_a=True)
     dvn_ref[...] = dvn
     dS_ref[...] = dS
 
@@ -252,28 +251,28 @@ def _chunk_grads_kernel(
     inv, X = wy_factors(A_kk, k, decay, beta)
 
     # o = scale (q exp(G)) S + scale A_qk v_new;  S_end = exp(G_last) S + (k exp(G_last - G))^T v_new
-    dqg = scale * mm(do, S, tb=True)
-    dA_qk = jnp.where(causal_mask(C, strict=False), scale * mm(do, vn, tb=True), 0.0)
-    dkd = mm(vn, dS, tb=True)
+    dqg = scale * dot(do, S, trans_b=True)
+    dA_qk = jnp.where(causal_mask(C, strict=False), scale * dot(do, vn, trans_b=True), 0.0)
+    dkd = dot(vn, dS, trans_b=True)
     kd = k * decay_to_end
-    state_dot = mm(jnp.ones((1, S.shape[1]), F32), S * dS, tb=True)  # [1, K]: sum_V S * dS
+    state_dot = dot(jnp.ones((1, S.shape[1]), F32), S * dS, trans_b=True)  # [1, K]: sum_V S * dS
     dG_last = jnp.sum(dkd * kd, axis=0, keepdims=True) + decay_last * state_dot
     dq = dqg * decay
     dk = dkd * decay_to_end
     dG = dqg * q * decay - dkd * kd
 
     # v_new = U - W S, U = Inv (beta v), W = Inv X, X = beta k exp(G)
-    dW = -mm(dvn, S, tb=True)
-    d_inv = mm(dvn, beta * v, tb=True) + mm(dW, X, tb=True)
-    d_bv = mm(inv, dvn, ta=True)
+    dW = -dot(dvn, S, trans_b=True)
+    d_inv = dot(dvn, beta * v, trans_b=True) + dot(dW, X, trans_b=True)
+    d_bv = dot(inv, dvn, trans_a=True)
     dv = beta * d_bv
-    dX = mm(inv, dW, ta=True)
+    dX = dot(inv, dW, trans_a=True)
     dk = dk + beta * decay * dX
     dG = dG + X * dX
     dbeta = row_sums(v * d_bv) + row_sums(k * decay * dX)
 
     # Inv = (I + diag(beta) A_kk)^-1:  dM = -Inv^T dInv Inv^T on the strict lower triangle
-    dM = jnp.where(strict, -mm(mm(inv, d_inv, ta=True), inv, tb=True), 0.0)
+    dM = jnp.where(strict, -dot(dot(inv, d_inv, trans_a=True), inv, trans_b=True), 0.0)
     dbeta = dbeta + row_sums(dM * A_kk)
 
     (dxq, dxk), dyk = decayed_products_grad((dA_qk, beta * dM), (q, k), k, g)
