@@ -1,8 +1,11 @@
 """The one comparison function of the project: a tensor against the float64 oracle.
 
-`compare_tensor(case, name, x, ref)` returns the metrics record of shared/DESIGN.md:
+`compare_tensor(case, name, x, ref, scale)` returns the metrics record of shared/DESIGN.md:
     rel_rms          ||x - r||_2 / ||r||_2 over elements where both are finite (primary); the
-                     absolute rms error where the oracle is identically zero
+                     absolute rms error where the oracle is identically zero; given the oracle's
+                     error scale (dg_gamma, a sum over tokens: references.error_scales),
+                     rms((x - r) / scale), each head against the size of what it sums
+    error_scale      that scale, when given
     max_abs          max |x - r|
     max_abs_over_rms max_abs / rms(r)
     max_ulp          max |x - r| in units in the last place of r in the output dtype
@@ -266,8 +269,11 @@ def describe_localisation(loc: dict | None) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def compare_tensor(case, name: str, x, ref) -> dict:
-    """Metrics of `x` (any float dtype) against the float64 oracle `ref` for tensor `name`."""
+def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
+    """Metrics of `x` (any float dtype) against the float64 oracle `ref` for tensor `name`.
+    rel_rms = rms((x - ref) / s): s is ref's rms (||x - ref|| / ||ref||), or, given `scale` (the
+    oracle's error scale of the tensor, references.error_scales: per head for dg_gamma [H]), that,
+    element by element."""
     x = np.asarray(x).astype(np.float64)
     r = np.asarray(ref, np.float64)
     if x.shape != r.shape:
@@ -286,6 +292,9 @@ def compare_tensor(case, name: str, x, ref) -> dict:
     # initial state) has no relative error: its epsilon is the absolute rms error, the inputs being of
     # unit scale (parity fuzz found rounding noise of 2.6e-8 failed as inf: simple_gla-fwdbwd-B1-T1-...)
     eps = num / math.sqrt(max(1, r.size)) if den == 0 else num / den
+    if scale is not None:  # a zero scale (the sum and all its terms zero): the error is absolute there
+        s = np.broadcast_to(np.asarray(scale, np.float64), r.shape)
+        eps = math.sqrt(float(np.mean(err2 / np.where(s > 0, s, 1.0) ** 2))) if r.size else 0.0
     absd = np.abs(diff)
     max_abs = float(absd.max()) if absd.size else 0.0
     rms_r = den / math.sqrt(max(1, r.size))
@@ -321,6 +330,8 @@ def compare_tensor(case, name: str, x, ref) -> dict:
         "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
         "tol": tolerance,
     }
+    if scale is not None:
+        rec["error_scale"] = [float(v) for v in np.ravel(scale)]
     nonfinite = ~x_ok & ref_ok
     if name in TIME_TENSORS:
         rec["profile"], rec["heatmap"] = _chunk_errors(err2, ref2, case.chunk_size)

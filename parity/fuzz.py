@@ -15,11 +15,14 @@ says so. The property is the gate's own verdict for the subject:
 Anything but pass fails the example (a crash, a timeout, an unserialisable result included);
 `unsupported` (no kernel) and a case the oracle could not compute are not evaluated
 (hypothesis rejects them; the summary counts them). A failure is shrunk by hypothesis to
-the smallest failing case. While nothing fails, `hypothesis.target` steers towards the
+the smallest failing case, then one field at a time (Search.simplify: B = 1, fewer sequences and
+heads, smaller dims and T, ... each a single run, where hypothesis's generic shrinker spends many
+runs on one field). While nothing fails, `hypothesis.target` steers towards the
 largest eps/tol and eps/bound ratios per tensor (ratios of the numbers the gate computed),
 and the worst margin per op, dtype and tensor is reported.
 
-Time: the search stops drawing at `time_s`; shrinking a failure has `shrink_time_s` more.
+Time: the search stops drawing at `time_s`; shrinking a failure has `shrink_time_s` more
+(HYPOTHESIS_SHRINK_SHARE of it for hypothesis's shrinker, the rest for Search.simplify).
 Outputs under OUT:
     found.json            every minimal failing case found (a JSON list of case dicts, appended;
                           `parity run --cases OUT/found.json` replays it)
@@ -45,11 +48,12 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from cases import Case
-from cases.strategies import Space, boundary_case
+from cases.strategies import Space, boundary_case, shrink_greedily
 
 DEFAULT_MAX_ELEMENTS = 2**18  # a few seconds per example in TPU interpret mode on a CPU
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SHRINK_TIME_S = 300.0
+HYPOTHESIS_SHRINK_SHARE = 0.4  # of the shrink time, for hypothesis's shrinker; the rest for Search.simplify
 REFERENCE = "fla"
 NOT_EVALUATED = ("unsupported", "oracle-failed")
 FOUND_FILE = "found.json"
@@ -322,7 +326,7 @@ class Search:
             now = time.perf_counter()
             if self.t_found is None and now - self.t0 > self.cfg.time_s:
                 raise _TimeUp()
-            if self.t_found is not None and now - self.t_found > self.cfg.shrink_time_s:
+            if self.t_found is not None and now - self.t_found > HYPOTHESIS_SHRINK_SHARE * self.cfg.shrink_time_s:
                 hypothesis.reject()  # shrinking out of time: only cases already run still count
             j = self.evaluate(case)
         else:
@@ -359,6 +363,18 @@ class Search:
                 self.t_found = time.perf_counter()
         self._progress(case, j)
         return j
+
+    def simplify(self, case_id: str, space: Space, applies) -> str:
+        """After hypothesis's shrinking: one field at a time (cases.strategies.shrink_greedily), each
+        simpler case run like any example, until none fails or the shrink time is up; the smallest id."""
+        deadline = self.t_found + self.cfg.shrink_time_s
+
+        def fails(c: Case) -> bool:
+            if applies is not None and not applies(c):
+                return False
+            return (self.seen.get(c.id) or self.evaluate(c)).failed
+
+        return shrink_greedily(Case.from_id(case_id), space, fails, lambda: time.perf_counter() >= deadline).id
 
     def _progress(self, case: Case, j: Judgement) -> None:
         if not self.cfg.progress:
@@ -406,13 +422,16 @@ class Search:
         self.t0 = time.perf_counter()
         minimal, stopped = None, "max-examples"
         try:
-            prop()
-        except FuzzFailure as e:
-            minimal, stopped = e.case_id, "failure"
-        except _TimeUp:
-            stopped = "time"
-        except Unsatisfiable:
-            stopped = "nothing evaluated (every drawn case unsupported or without an oracle)"
+            try:
+                prop()
+            except FuzzFailure as e:
+                minimal, stopped = e.case_id, "failure"
+            except _TimeUp:
+                stopped = "time"
+            except Unsatisfiable:
+                stopped = "nothing evaluated (every drawn case unsupported or without an oracle)"
+            if minimal is not None:
+                minimal = self.simplify(minimal, space, applies)
         finally:
             self.runner.close()
         wall = time.perf_counter() - self.t0

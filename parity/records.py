@@ -39,7 +39,8 @@ class TensorMetrics(TypedDict, total=False):
     reason: str  # why unsupported
     dtype: str
     shape: list[int]
-    rel_rms: float | None  # ||x - r|| / ||r||; null when NaN/Inf (encoded_nonfinite)
+    rel_rms: float | None  # ||x - r|| / ||r|| (rms((x - r) / error_scale) given one); null when NaN/Inf
+    error_scale: list[float]  # dg_gamma: per head, what its error is measured against (references.error_scales)
     max_abs: float
     max_abs_over_rms: float | None
     max_ulp: float

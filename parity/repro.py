@@ -137,7 +137,8 @@ def write_repro(case: Case, spec, out: Path) -> Path:
     inputs = make_inputs(case)
     bf16 = sorted(n for n, a in inputs.items() if a.dtype.name == "bfloat16")
     np.savez(out / "inputs.npz", **{n: (a.view(np.uint16) if n in bf16 else a) for n, a in inputs.items()})
-    np.savez(out / "oracle.npz", **cached_oracle(case, inputs)[0])
+    oracle = cached_oracle(case, inputs)[0]
+    np.savez(out / "oracle.npz", **{n: oracle[n] for n in case.output_names()})
     (out / "case.json").write_text(
         json.dumps({"id": case.id, **case.to_dict(), "input_hash": input_hash(inputs)}, indent=1)
     )

@@ -70,13 +70,13 @@ def shard(cases: list[Case], index: int, count: int) -> list[Case]:
 
 
 # ------------------------------------------------------------------ worker side
-def _tensor_records(case, result, oracle) -> dict:
+def _tensor_records(case, result, oracle, scales) -> dict:
     from .compare import compare_tensor
 
     recs = {}
     for name in case.output_names():
         if name in result.tensors:
-            recs[name] = compare_tensor(case, name, result.tensors[name], oracle[name])
+            recs[name] = compare_tensor(case, name, result.tensors[name], oracle[name], scales.get(name))
         else:
             reason = result.notes.get("unsupported_tensors", {}).get(name, "not returned")
             recs[name] = {"verdict": "unsupported", "reason": reason}
@@ -98,8 +98,9 @@ def _oracle_tensor_stats(tensors) -> dict:
     }
 
 
-def _record(case, spec, result, oracle, input_hash, run_id) -> ResultRecord:
-    """The result record of `result` (spec: the BackendSpec, or its text, it ran as)."""
+def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> ResultRecord:
+    """The result record of `result` (spec: the BackendSpec, or its text, it ran as); `oracle`
+    the oracle's tensors, `scales` its error scales (references.error_scales)."""
     rec = base_record(case, spec, result.backend, result.side, input_hash, run_id)
     rec.update(
         status=result.status,
@@ -118,7 +119,7 @@ def _record(case, spec, result, oracle, input_hash, run_id) -> ResultRecord:
         rec["tensors"] = _oracle_tensor_stats(result.tensors)
         rec["verdict"] = "pass"
     else:
-        rec["tensors"] = _tensor_records(case, result, oracle)
+        rec["tensors"] = _tensor_records(case, result, oracle, scales or {})
         tv = [t["verdict"] for t in rec["tensors"].values()]
         rec["verdict"] = (
             worst_verdict([v for v in tv if v != "unsupported"])
@@ -214,6 +215,7 @@ def run_case(
     for `tpu_targets`, and return (records, timing, compile records). Used by worker processes
     and the pytest plugin."""
     from cases import input_hash, make_inputs
+    from references import error_scales
 
     from .backends import BackendResult, as_spec, execute
     from .backends.oracle import cached_oracle
@@ -222,7 +224,7 @@ def run_case(
     inputs = make_inputs(case)
     h = input_hash(inputs)
     on_inputs(h)
-    oracle = None
+    oracle, scales = None, {}
     backend_wall = compile_wall = 0.0
     records, compiles = [], []
     has_oracle = any(as_spec(item).side == "oracle" for item in todo)
@@ -249,18 +251,19 @@ def run_case(
             )
         else:
             if spec.side != "oracle" and oracle is None:
-                oracle = cached_oracle(case, inputs)[0]
+                full = cached_oracle(case, inputs)[0]
+                oracle, scales = {n: full[n] for n in case.output_names()}, error_scales(full)
             result = execute(b, case, inputs)
             backend_wall += result.wall_time_s or 0.0
             if spec.side == "oracle" and result.status == "ok":
-                oracle = result.tensors
+                oracle, scales = result.tensors, result.notes["error_scales"]
         try:
-            rec = _record(case, spec, result, oracle, h, run_id)
+            rec = _record(case, spec, result, oracle, h, run_id, scales)
         except Exception:  # noqa: BLE001 - a comparison bug must not lose the run
             result = dataclasses.replace(
                 result, status="error", tensors={}, error="comparison failed:\n" + traceback.format_exc(limit=-4)
             )
-            rec = _record(case, spec, result, oracle, h, run_id)
+            rec = _record(case, spec, result, oracle, h, run_id, scales)
         rec = write_record(result_path(Path(out_dir), name, case.id), rec)
         records.append(rec)
         if result.status != "unsupported" and not isinstance(b, Exception):

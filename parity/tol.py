@@ -13,8 +13,16 @@ falls back to another's; a missing entry is a KeyError naming it). The sqrt(K) f
 length of the q.k reductions; sqrt(chunk) the length of the intra-chunk reductions; the log
 term the slow growth of error through the chunk-to-chunk state recurrence (rel_rms is
 normalised, so it does not grow linearly with T). `tensor` groups: o, ht, dq, dk, dv, dg,
-dg_gamma, dbeta, dh0 each have their own coefficient, because gradients accumulate
-differently (dg and dg_gamma are sums with cancellation and carry the largest relative error).
+dbeta, dh0 each have their own coefficient, because gradients accumulate differently (dg is a
+sum with cancellation and carries the largest relative error).
+
+dg_gamma [H] has no coefficient of its own: no reference computes it (FLA returns none), and it is
+the sum over tokens of the per-token gate gradient, dg_gamma[h] = sum_{b,t} dg[b, t, h]. It has
+dg's coefficient, and its error is measured per head against the size of what it sums
+(parity.compare, references.error_scales). On the case parity fuzz found, simple_gla-fwdbwd-B2-
+T64-H1-K64-V64-fp32-C64-gamma_retnet-s1.0-h0-ht, terms of rms 694 cancel to dg_gamma = 39.6; the
+fused and chunked float32 kernels are off by 1.1e-4 and 5.7e-4 of it (2.9e-6 of what they sum):
+the fixed coefficient dg_gamma had (0.5 u, relative to the sum) failed the chunked one.
 
 `parity calibrate DIR` fits coef from the reference-side (FLA) epsilons of a run:
 coef = MARGIN * max(eps / (u(dtype) * growth)) over that run's cases, per op, tensor and dtype,
@@ -57,10 +65,14 @@ def growth(case) -> float:
     )
 
 
+# tensors whose tolerance is another's carried through a sum (module docstring)
+COEF_OF = {"dg_gamma": "dg"}
+
+
 def coef(case, tensor: str, table: dict | None = None) -> float:
     table = table or _TABLE
     try:
-        return table["coef"][case.op][tensor][case.dtype]
+        return table["coef"][case.op][COEF_OF.get(tensor, tensor)][case.dtype]
     except KeyError:
         raise KeyError(
             f"tolerances.json has no coefficient for op {case.op!r}, tensor {tensor!r}, dtype {case.dtype!r}"
@@ -85,7 +97,7 @@ def calibrate(samples: list[tuple[object, str, float]], table: dict | None = Non
     table = json.loads(json.dumps(table or _TABLE))
     fitted: dict[tuple[str, str, str], float] = {}
     for case, tensor, eps in samples:
-        if eps is None or not math.isfinite(eps):
+        if eps is None or not math.isfinite(eps) or tensor in COEF_OF:
             continue
         key = (case.op, tensor, case.dtype)
         ratio = eps / (table["unit"][case.dtype] * growth(case))

@@ -140,44 +140,37 @@ def run_recurrence(
     shape_BTHKVN,
     *,
     cotangents: tuple | None = None,
-    extra: dict | None = None,
 ):
     """Forward (and, given cotangents (do, dht), the vjp) of a recurrence in float64.
 
-    token_inputs: per-token arrays [B, T, H, ...], passed to `step` by name.
-    extra: non-token inputs {name: (array, step_arg_name, expand)} where expand broadcasts
-    the array to [B, T, H, ...] (e.g. g_gamma [H] -> g [B, T, H]); its gradient is taken
-    w.r.t. the array itself, so it has the array's own shape.
+    token_inputs: per-token arrays [B, T, H, ...], passed to `step` by name (a per-head
+    parameter such as g_gamma [H] is given broadcast to [B, T, H]; its gradient is the sum of
+    the per-token one).
     Returns (o, ht) or (o, ht, grads); grads keyed like the inputs plus 'initial_state'.
     """
     B, T, H, K, V, N = shape_BTHKVN
     seg, start, end, N = _segments(T, B, cu_seqlens)
-    extra = extra or {}
     with float64():
         tok = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in token_inputs.items()}
-        ext = {n: jnp.asarray(np.asarray(a, np.float64)) for n, (a, _, _) in extra.items()}
         h0 = (
             jnp.zeros((N, H, K, V), jnp.float64)
             if initial_state is None
             else jnp.asarray(np.asarray(initial_state, np.float64))
         )
 
-        def fwd(tok, ext, h0):
-            full = dict(tok)
-            for n, (_, arg, expand) in extra.items():
-                full[arg] = expand(ext[n])
-            xs = {n: jnp.moveaxis(a, 1, 0) for n, a in full.items()}
+        def fwd(tok, h0):
+            xs = {n: jnp.moveaxis(a, 1, 0) for n, a in tok.items()}
             o, ht = _scan(step, xs, h0, seg, start, end, varlen=cu_seqlens is not None, N=N)
             return jnp.moveaxis(o, 0, 1), ht
 
         if cotangents is None:
-            o, ht = fwd(tok, ext, h0)
+            o, ht = fwd(tok, h0)
             return np.asarray(o), np.asarray(ht)
-        (o, ht), vjp = jax.vjp(fwd, tok, ext, h0)
+        (o, ht), vjp = jax.vjp(fwd, tok, h0)
         do, dht = cotangents
         do = jnp.asarray(np.asarray(do, np.float64))
         dht = jnp.zeros_like(ht) if dht is None else jnp.asarray(np.asarray(dht, np.float64))
-        dtok, dext, dh0 = vjp((do, dht))
-        grads = {n: np.asarray(a) for n, a in {**dtok, **dext}.items()}
+        dtok, dh0 = vjp((do, dht))
+        grads = {n: np.asarray(a) for n, a in dtok.items()}
         grads["initial_state"] = np.asarray(dh0)
         return np.asarray(o), np.asarray(ht), grads

@@ -35,26 +35,27 @@ def _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens):
         cu_seqlens=cu_seqlens,
     )
     scale = dims[3] ** -0.5 if scale is None else scale
-    tok = {"q": q, "k": k, "v": v, "scale": np.full((B, T, H), scale)}
-    extra = {}
-    if g is not None:
-        tok["g"] = g
-    else:
-        extra["g_gamma"] = (g_gamma, "g", lambda gg: jnp.broadcast_to(gg, (B, T, H)))
-    return dims, tok, extra
+    # g_gamma [H] is the per-token gate g_t = g_gamma for every token: dg_gamma = sum over tokens of dg
+    g = np.broadcast_to(np.asarray(g_gamma), (B, T, H)) if g is None else g
+    return dims, {"q": q, "k": k, "v": v, "g": g, "scale": np.full((B, T, H), scale)}
 
 
 def forward(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """Returns (o [B, T, H, V], final_state [N, H, K, V] or None), float64 numpy."""
-    dims, tok, extra = _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens)
-    o, ht = run_recurrence(step, tok, initial_state, cu_seqlens, dims, extra=extra)
+    dims, tok = _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens)
+    o, ht = run_recurrence(step, tok, initial_state, cu_seqlens, dims)
     return o, (ht if output_final_state else None)
 
 
 def forward_backward(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, cu_seqlens=None, *, do, dht=None):
-    """Returns dict o, ht, dq, dk, dv, dg or dg_gamma, dh0 (float64 numpy); dht None means 0."""
-    dims, tok, extra = _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens)
-    o, ht, gr = run_recurrence(step, tok, initial_state, cu_seqlens, dims, extra=extra, cotangents=(do, dht))
+    """Returns dict o, ht, dq, dk, dv, dg or dg_gamma, dh0 (float64 numpy); dht None means 0.
+    With g_gamma also dg_gamma_terms [B, T, H]: the per-token terms dg_gamma sums (the gradient of
+    each token's g_t = g_gamma), from which the comparator reads how much that sum cancels."""
+    dims, tok = _prepare(q, k, v, g, g_gamma, scale, initial_state, cu_seqlens)
+    o, ht, gr = run_recurrence(step, tok, initial_state, cu_seqlens, dims, cotangents=(do, dht))
     out = {"o": o, "ht": ht, "dq": gr["q"], "dk": gr["k"], "dv": gr["v"], "dh0": gr["initial_state"]}
-    out["dg" if g is not None else "dg_gamma"] = gr["g" if g is not None else "g_gamma"]
+    if g is not None:
+        out["dg"] = gr["g"]
+    else:
+        out["dg_gamma"], out["dg_gamma_terms"] = gr["g"].sum(axis=(0, 1)), gr["g"]
     return out

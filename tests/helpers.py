@@ -14,6 +14,7 @@ from parity.backends.oracle import cached_oracle
 from parity.manifest import manifest_path, write_manifest
 from parity.records import read_json, result_path, write_json
 from parity.runner import RunConfig, _record, run_cases
+from references import error_scales
 
 SMALL = Case("simple_gla", 1, 64, 1, 64, 64, h0=True, ht=True)
 
@@ -60,7 +61,7 @@ def record_from_tensors(
             f"{backend}=jax:tests.helpers:fixture", backend, side, "candidate-jax", "tests.helpers:fixture", platform
         )
     )
-    return _record(case, spec, res, oracle, input_hash(inputs), "test")
+    return _record(case, spec, res, oracle, input_hash(inputs), "test", error_scales(oracle))
 
 
 def write_records(out: Path, *recs: dict, run_id: str = "test") -> None:
@@ -96,7 +97,7 @@ def assert_matches_oracle(case: Case, tensors: dict[str, np.ndarray]) -> None:
     assert set(tensors) == set(case.output_names())
     failures = {}
     for name in case.output_names():
-        m = compare_tensor(case, name, tensors[name], oracle[name])
+        m = compare_tensor(case, name, tensors[name], oracle[name], error_scales(oracle).get(name))
         if m["verdict"] != "pass":
             failures[name] = (m["verdict"], m["rel_rms"], m["tol"], m["nan"], m["inf"])
     assert not failures, failures

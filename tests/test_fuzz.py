@@ -83,6 +83,39 @@ def test_narrow_mutant_wrap_changes_results_exactly_where_its_trigger_says(mutan
     assert same(results(mutant.wrap(kernel), near), results(kernel, near))
 
 
+MINIMAL = {  # the smallest case of the default space on which each narrow mutant is wrong
+    "tail-one-token": "simple_gla-fwd-B1-T17-H1-K8-V8-fp32-C16-g_logsig",
+    "dh0-last-single": "simple_gla-fwdbwd-B1-T2-H1-K8-V8-fp32-C16-g_logsig-h0-lens1_1",
+    "heads-wrap": "simple_gla-fwd-B1-T1-H3-K8-V8-fp32-C16-g_logsig",
+    "k-tiles-from-v": "simple_gla-fwd-B1-T1-H1-K129-V8-fp32-C16-g_logsig",
+}
+
+
+@pytest.mark.parametrize("mutant", NARROW_MUTANTS, ids=lambda m: m.name)
+def test_greedy_shrinking_reaches_the_minimal_case_from_anywhere_in_the_trigger(mutant):
+    """With the trigger as the property, field-by-field shrinking (cases.strategies.shrink_greedily,
+    what parity fuzz runs after hypothesis's shrinker) reaches the minimal case from large triggering
+    cases: it never stops at a case some single step still reduces, and every step is a valid case
+    of the space that is no larger."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from cases.strategies import boundary_case, shrink_greedily, simpler
+
+    space = Space(op="simple_gla", max_elements=2**18)
+    fails = lambda c: triggers(mutant.name, c)
+    for c in simpler(Case.from_id(mutant.witness), space):
+        assert space.fits(c) and c.T <= Case.from_id(mutant.witness).T and c.id != mutant.witness
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(boundary_case(space).filter(fails), st.just(None))
+    def check(case, _):
+        assert shrink_greedily(case, space, fails).id == MINIMAL[mutant.name], case.id
+
+    check()
+    assert shrink_greedily(Case.from_id(mutant.witness), space, fails).id == MINIMAL[mutant.name]
+
+
 # ------------------------------------------------------------------ the property is the gate's verdict
 def test_judge_is_the_gates_verdict_with_and_without_the_reference():
     oracle = record_from_tensors(SMALL, "oracle", "oracle", {})
