@@ -166,6 +166,28 @@ def gate_params(draw, gate: str, C: int):
     return {}
 
 
+def head_dim(dims):
+    """A head dim of `dims`: <= 32 (several heads per sublane tile: head index maps), one 128-lane
+    tile, or more than one (seed 002: tiles overwritten past 128), a third of the time each, then
+    any dim of that class (the tile edges 127, 128, 129, 136 among them)."""
+    classes = [
+        c for c in ([d for d in dims if d <= 32], [d for d in dims if 32 < d <= 128], [d for d in dims if d > 128]) if c
+    ]
+    return st.sampled_from(classes).flatmap(st.sampled_from)
+
+
+@st.composite
+def head_dims(draw, space: Space):
+    """(K, V): equal half the time, else two independent head_dim draws (K != V both ways: a scale,
+    BlockSpec, tile count or state layout taken from the wrong dim, seed 002). A draw where each
+    choice is explicit: hypothesis left to itself repeats K as V most of the time."""
+    K = draw(head_dim(space.k_dims))
+    others = [d for d in space.v_dims if d != K]
+    if K in space.v_dims and (not others or draw(st.booleans()) is False):
+        return K, K
+    return K, draw(head_dim(others))
+
+
 def _largest_T(kw: dict, space: Space, cap: int) -> int:
     """The largest T <= cap whose case (kw with T) fits space.max_elements; 0 when none does.
     Input size is linear in T."""
@@ -183,9 +205,8 @@ def boundary_case(draw, space: Space, applies=None):
     Biases and the bug class each is for:
       T              near_chunk_grid / length: one-token tails and off-by-one at chunk ends
       seqlens        packed_lengths: state reset and leaks, length-1 sequences anywhere
-      K, V           HEAD_DIMS at tile edges, K <= 32 half the time (heads packed per tile); V = K
-                     first, else any (K != V both ways: a scale, BlockSpec or state layout taken
-                     from the wrong dim, seed 002)
+      K, V           head_dims: HEAD_DIMS by tile class (<= 32, one tile, two), K = V or K != V
+                     half the time each (seed 002: tiles and layouts taken from the wrong dim)
       H              1 to max_H, H > 2 half the time (head index maps that wrap or assume two heads)
       h0             2 in 3 with packed sequences (a later sequence's initial state and its gradient)
       gate strength  gate_params (exp overflow of seeds 000 and 001)."""
@@ -195,14 +216,7 @@ def boundary_case(draw, space: Space, applies=None):
     direction = draw(st.sampled_from(space.directions))
     gate = draw(st.sampled_from(space.gates))
     params = draw(gate_params(gate, C))
-    # small heads (<= 32: several per tile, head index maps) as often as any (cheap examples too)
-    small = [d for d in space.k_dims if d <= 32]
-    K = draw(st.one_of(st.sampled_from(space.k_dims), st.sampled_from(small or space.k_dims)))
-    V = (
-        draw(st.one_of(st.just(K), st.sampled_from(space.v_dims)))
-        if K in space.v_dims
-        else draw(st.sampled_from(space.v_dims))
-    )
+    K, V = draw(head_dims(space))
     varlen = draw(st.sampled_from((False, True)))
     # packed sequences carry an initial state 2 times in 3 (the state and its gradient of a sequence
     # after the first: seed 004, a dropped dh0 of a one-token last sequence)
