@@ -191,6 +191,8 @@ class CaseRunner:
                     lines.append(value)
                     continue
                 if kind == "case":
+                    if w.retired:
+                        self.worker = None
                     return lines
                 self.worker = None
                 failed, todo = w.fail(*value, self.cfg.timeout_s)

@@ -287,9 +287,9 @@ def run_case(
 
 def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
     """Runs cases sent over `conn` (a case dict and its BackendSpecs); reports ('inputs', case_id,
-    input_hash), ('start', case_id, spec),
-    ('done', line), ('case', case_id, timing), or ('crash', case_id, error) when the harness
-    itself failed on the case. Backends are built lazily, inside a case's timed window."""
+    input_hash), ('start', case_id, spec), ('done', line), ('case', case_id, timing, retire)
+    (retire: it exits now, RETIRE_AT_MAPS), or ('crash', case_id, error) when the harness itself
+    failed on the case. Backends are built lazily, inside a case's timed window."""
     from .proc import die_with_parent
 
     die_with_parent()
@@ -322,7 +322,28 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
                 )
             )
             return
-        conn.send(("case", case.id, timing))
+        retire = memory_maps_used() > RETIRE_AT_MAPS
+        conn.send(("case", case.id, timing, retire))
+        if retire:
+            return
+
+
+# Every XLA compile of a case leaves executable memory mappings in the process (interpret-mode
+# kernels: hundreds to a thousand per case), and Linux allows vm.max_map_count (65530) of them: a
+# worker that has run some hundred cases dies in LLVM's "Cannot allocate memory" (SIGABRT; seen in
+# parity fuzz: 60557 maps after 136 cases). A worker past this share of the limit finishes its case
+# and exits; the parent starts a fresh one.
+RETIRE_AT_MAPS = float(os.environ.get("PARITY_WORKER_RETIRE_AT_MAPS", "0.5"))  # tests: 0, after every case
+
+
+def memory_maps_used() -> float:
+    """This process's memory mappings as a share of vm.max_map_count (0 where /proc does not say)."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f) / max(1, limit)
+    except (OSError, ValueError):
+        return 0.0
 
 
 # ------------------------------------------------------------------ parent side
@@ -343,6 +364,7 @@ class _Worker:
         self.current = None  # the BackendSpec running now
         self.started = 0.0
         self.input_hash: str | None = None
+        self.retired = False  # it said after its last case that it exits (RETIRE_AT_MAPS)
 
     def give(self, case: Case, todo: list[str]):
         """The timer starts now: building inputs and backends counts towards the first backend's timeout."""
@@ -375,6 +397,9 @@ class _Worker:
                 self.current, self.started = None, time.perf_counter()
                 return "done", msg[1]
             if msg[0] == "case":
+                self.retired = bool(msg[3])
+                if self.retired:
+                    self.proc.join(10)
                 return "case", msg[2]
         timed_out = time.perf_counter() - self.started > timeout_s
         died = not self.proc.is_alive() or (msg is not None and msg[0] in ("died", "crash"))
@@ -552,8 +577,12 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
                 if kind == "case":
                     timings[w.case.id] = value
                     busy.remove(w)
-                    idle.append(w)
                     progress.step(w.case.id)
+                    if w.retired:  # it exited after this case (RETIRE_AT_MAPS): a fresh one in its place
+                        fresh = spawn()
+                        workers[workers.index(w)] = fresh
+                        w = fresh
+                    idle.append(w)
                     continue
                 fail(w, *value)
                 busy.remove(w)

@@ -202,3 +202,34 @@ def test_a_kernels_jax_module_that_fails_to_import_is_an_error(monkeypatch):
     monkeypatch.setitem(jax_backends.PALLAS_KERNELS, "pallas", {"simple_gla": ("kernels_jax.no_such_module", "f")})
     res = execute(make_backend("pallas"), SMALL, make_inputs(SMALL))
     assert res.status == "error" and "no_such_module" in res.error
+
+
+def test_a_worker_near_the_memory_map_limit_exits_after_its_case_and_is_replaced(tmp_path, monkeypatch):
+    """A worker past RETIRE_AT_MAPS of vm.max_map_count (every XLA compile leaves mappings; at the
+    limit LLVM aborts the process: seen in parity fuzz after 136 cases) says so with its case's
+    result and exits; parity run starts a fresh worker for the next case, no record is lost."""
+    import multiprocessing as mp
+    from multiprocessing.connection import wait
+
+    from parity.runner import _Worker, memory_maps_used
+
+    assert 0 < memory_maps_used() < 0.5  # this process, read from /proc
+
+    def one_case(w):
+        w.give(SMALL, ["oracle"])
+        while (event := w.poll(bool(wait([w.conn], timeout=1.0)), 120)) is None or event[0] != "case":
+            assert event is None or event[0] == "done", event
+        return w
+
+    ctx = mp.get_context("spawn")
+    stays = one_case(_Worker(ctx, tmp_path / "a", "t", ()))
+    assert not stays.retired and stays.proc.is_alive()
+    stays.kill()
+    monkeypatch.setenv("PARITY_WORKER_RETIRE_AT_MAPS", "0")  # read by the spawned worker: retire after every case
+    leaves = one_case(_Worker(ctx, tmp_path / "b", "t", ()))
+    assert leaves.retired and not leaves.proc.is_alive() and leaves.proc.exitcode == 0
+    cases = [SMALL, SMALL.replace(seed=1), SMALL.replace(seed=2)]
+    summary = run(cases, ["oracle", CANDIDATES["scan"]], tmp_path / "run", jobs=1, timeout_s=120)
+    assert [(r["case_id"], r["verdict"]) for r in summary["results"] if r["backend"] == "scan"] == [
+        (c.id, "pass") for c in sorted(cases, key=lambda c: c.id)
+    ]
