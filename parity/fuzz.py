@@ -318,6 +318,7 @@ class Search:
         self.platforms: set[str] = set()  # where the subject really ran, from its records
         self.runner: CaseRunner | None = None
         self.t0 = self.t_found = None
+        self.examples_to_find: int | None = None  # examples run until the first failure, it included
 
     # the property
     def check(self, case: Case) -> None:
@@ -363,6 +364,7 @@ class Search:
             self.failing.append(case.id)
             if self.t_found is None:
                 self.t_found = time.perf_counter()
+                self.examples_to_find = self.counts["examples"]
         self._progress(case, j)
         return j
 
@@ -451,6 +453,7 @@ class Search:
             "minimal_verdict": self.seen[minimal].verdict if minimal else None,
             "minimal_detail": self.seen[minimal].detail if minimal else None,
             "time_to_find_s": self.t_found - self.t0 if self.t_found is not None else None,
+            "examples_to_find": self.examples_to_find,
             "shrink_s": time.perf_counter() - self.t_found if self.t_found is not None else None,
             "worst": self.worst,
             "reference_findings": self.reference_findings,
@@ -666,7 +669,8 @@ def format_summary(summary: dict) -> str:
             f"{s['wall_s']:.0f} s ({s['unsupported']} unsupported, {s['oracle-failed']} oracle failures not "
             f"evaluated); stopped by {s['stopped']}"
             + (
-                f"; failure found after {s['time_to_find_s']:.0f} s, shrunk in {s['shrink_s']:.0f} s "
+                f"; failure found after {s['time_to_find_s']:.0f} s ({s['examples_to_find']} examples), "
+                f"shrunk in {s['shrink_s']:.0f} s "
                 f"over {len(s['failing'])} failing cases"
                 if s["minimal"]
                 else ""

@@ -225,7 +225,7 @@ def test_planted_one_token_tail_is_found_shrunk_and_replayed(tmp_path):
         seed=5,
         space=dict(directions=("fwd",), dtypes=("float32",), gates=("g_logsig",)),
     )
-    assert [f["case_id"] for f in again["found"]] == [case.id] and again["searches"][0]["examples"] == 1
+    assert [f["case_id"] for f in again["found"]] == [case.id] and again["searches"][0]["examples_to_find"] == 1
     assert json.loads((out / "found.json").read_text()) == [case.to_dict()]  # appended once
 
 
