@@ -291,10 +291,11 @@ def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
     # an identically zero oracle (the gate gradient when every sequence is one token and there is no
     # initial state) has no relative error: its epsilon is the absolute rms error, the inputs being of
     # unit scale (parity fuzz found rounding noise of 2.6e-8 failed as inf: simple_gla-fwdbwd-B1-T1-...)
-    eps = num / math.sqrt(max(1, r.size)) if den == 0 else num / den
     if scale is not None:  # a zero scale (the sum and all its terms zero): the error is absolute there
         s = np.broadcast_to(np.asarray(scale, np.float64), r.shape)
         eps = math.sqrt(float(np.mean(err2 / np.where(s > 0, s, 1.0) ** 2))) if r.size else 0.0
+    else:
+        eps = num / math.sqrt(max(1, r.size)) if den == 0 else num / den
     absd = np.abs(diff)
     max_abs = float(absd.max()) if absd.size else 0.0
     rms_r = den / math.sqrt(max(1, r.size))
