@@ -1,4 +1,4 @@
-"""This checkout's tests: the parity pytest plugin (parity/pytest_plugin.py) and pytester.
+"""This checkout's tests: the parity pytest plugin (parity/pytest_plugin/) and pytester.
 
 Installed (pip install -e .), the package's pytest11 entry point, named like the module,
 loads the plugin before this file; naming the module here too registers nothing twice.

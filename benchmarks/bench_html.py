@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from cases import Case
-from parity.compare import compare_tensor
 from parity.html import write_report
+from parity.measure.compare import compare_tensor
 from parity.records import base_record, result_path, worst_verdict, write_json
 
 

@@ -21,9 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cases import Case, get_suite, make_inputs  # noqa: E402
-from parity.backends.fla import FlaBackend  # noqa: E402  (before fla: interpreter request)
-from parity.backends.oracle import cached_oracle  # noqa: E402
-from parity.compare import rel_rms  # noqa: E402
+from parity.execute.backends.fla import FlaBackend  # noqa: E402  (before fla: interpreter request)
+from parity.execute.backends.oracle import cached_oracle  # noqa: E402
+from parity.measure.compare import rel_rms  # noqa: E402
 
 
 def select(a) -> list[Case]:

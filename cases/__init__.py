@@ -1,7 +1,7 @@
 """The case registry: `Case`, deterministic inputs, named suites and hypothesis strategies."""
 
-from .case import DTYPES, GATES, OPS, Case, CaseError
-from .inputs import check_size, input_hash, input_shapes, input_size, make_inputs, make_inputs_f64, storage_dtype
+from cases.case import DTYPES, GATES, OPS, Case, CaseError
+from cases.inputs import check_size, input_hash, input_shapes, input_size, make_inputs, make_inputs_f64, storage_dtype
 
 __all__ = [
     "Case",
@@ -17,6 +17,6 @@ __all__ = [
     "make_inputs_f64",
     "storage_dtype",
 ]
-from .suites import SUITES, get_suite, load_cases_file
+from cases.suites import SUITES, get_suite, load_cases_file
 
 __all__ += ["SUITES", "get_suite", "load_cases_file"]

@@ -27,7 +27,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .case import Case, CaseError
+from cases.case import Case, CaseError
 
 STORAGE_DTYPES = {
     "float32": np.dtype(np.float32),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .case import Case
+from cases.case import Case
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,28 +94,15 @@ PACKED_GLA = ModelLayer(
 )
 
 
-def _case(layer: ModelLayer, **size) -> Case:
+def model_case(layer: ModelLayer, **size) -> Case:
     return Case(**{**layer.case, **size})
 
 
 def models() -> list[Case]:
     """Every model layer at B = 1, T = 128 (CPU interpreters), and one packed batch."""
-    return [_case(m, B=1, T=128) for m in MODEL_LAYERS] + [_case(PACKED_GLA, B=1, T=128, seqlens=(1, 63, 64))]
+    return [model_case(m, B=1, T=128) for m in MODEL_LAYERS] + [model_case(PACKED_GLA, B=1, T=128, seqlens=(1, 63, 64))]
 
 
 def models_at_scale() -> list[Case]:
     """The same layers at training size: B = 4, T = 2048 (part of suite `full`)."""
-    return [_case(m, B=4, T=2048) for m in MODEL_LAYERS]
-
-
-def label(case: Case) -> str | None:
-    """What a case comes from, if anything: a model layer, or the FLA tests it copies."""
-    for m in MODEL_LAYERS + (PACKED_GLA,):
-        if _case(m, B=case.B, T=case.T, seqlens=case.seqlens, seed=case.seed) == case:
-            return m.label
-    from .suites import fla_tests_sources
-
-    sources = fla_tests_sources().get(case.id)
-    return (
-        "FLA " + ", ".join(sources[:2]) + (f" (+{len(sources) - 2})" if len(sources) > 2 else "") if sources else None
-    )
+    return [model_case(m, B=4, T=2048) for m in MODEL_LAYERS]

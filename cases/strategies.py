@@ -17,8 +17,8 @@ import dataclasses
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from .case import CHUNK_SIZES, GATES, OPS, Case
-from .inputs import input_size
+from cases.case import CHUNK_SIZES, GATES, OPS, Case
+from cases.inputs import input_size
 
 # head dims, ascending (shrinking goes to the first): the sublane (8) and small heads; FLA's
 # off-grid test dims 60 and 100; the 128-lane tile and one off it both ways (127, 129, 136: a

@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .case import GATES, OPS, Case, CaseError
-from .models import models, models_at_scale
+from cases.case import GATES, OPS, Case, CaseError
+from cases.models import MODEL_LAYERS, PACKED_GLA, model_case, models, models_at_scale
 
 # the gates the ci and full grids cover (gates added later join through cases of their own,
 # so that no existing case of a grid changes)
@@ -184,7 +184,8 @@ FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "sca
 def fla_tests_sources() -> dict[str, list[str]]:
     """case id -> the FLA tests (file::function[id]) that use its parameters
     (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda}.py as data)."""
-    from .fla_tests_data import FLA_TESTS
+    # late: a 3,200-line data table, parsed only when the fla-tests suite or a case's label is asked for
+    from cases.fla_tests_data import FLA_TESTS
 
     out: dict[str, list[str]] = {}
     for e in FLA_TESTS:
@@ -197,6 +198,17 @@ def fla_tests() -> list[Case]:
     """The shapes, dtypes, chunk sizes, gate strengths and varlen offsets of FLA's own tests for
     simple_gla, gla and kda, one case per distinct parameter set (several FLA tests share one)."""
     return [Case.from_id(i) for i in fla_tests_sources()]
+
+
+def label(case: Case) -> str | None:
+    """What a case comes from, if anything: a model layer, or the FLA tests it copies."""
+    for m in MODEL_LAYERS + (PACKED_GLA,):
+        if model_case(m, B=case.B, T=case.T, seqlens=case.seqlens, seed=case.seed) == case:
+            return m.label
+    sources = fla_tests_sources().get(case.id)
+    return (
+        "FLA " + ", ".join(sources[:2]) + (f" (+{len(sources) - 2})" if len(sources) > 2 else "") if sources else None
+    )
 
 
 SUITES: dict[str, Callable[[], list[Case]]] = {

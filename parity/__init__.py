@@ -1,22 +1,13 @@
-"""Cross-framework parity harness for linear-attention kernels."""
+"""Cross-framework parity harness for linear-attention kernels.
 
-import glob as _glob
+Layers, each importing only from those below it (pyproject.toml's import-linter contracts;
+README "Architecture"): model -> measure -> records -> mutants -> execute -> judge -> surfaces
+(cli, pytest_plugin, html, fuzz, repro).
+"""
+
 import os as _os
 
-SCHEMA_VERSION = 1
-
-
-def tpu_attached() -> bool:
-    """A TPU chip is visible to this host (TPU VMs expose /dev/accel* or /dev/vfio/<n>)."""
-    return bool(_glob.glob("/dev/accel*") or _glob.glob("/dev/vfio/[0-9]*"))
-
-
-def libtpu_installed() -> bool:
-    """libtpu (the TPU compiler and runtime) is importable."""
-    import importlib.util
-
-    return importlib.util.find_spec("libtpu") is not None
-
+from parity.model.host import libtpu_installed, tpu_attached
 
 # With libtpu installed (for compiling to TPU targets), jax would otherwise try to initialise
 # the TPU backend on a machine without a TPU (and hold its lockfile): execution stays on the CPU

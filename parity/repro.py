@@ -7,7 +7,7 @@ DIR/case.json    the case
 DIR/repro.py     a standalone script (numpy + jax or torch + the kernel's module; it does
                  not import this harness) that calls the kernel, takes gradients and prints
                  rel_rms per tensor against the oracle
-DIR/tpu_numerics.py  (jax kernels) a copy of parity/tpu_numerics.py: off a TPU the script
+DIR/tpu_numerics.py  (jax kernels) a copy of parity/measure/tpu_numerics.py: off a TPU the script
                  computes the kernel's matmuls under the same TPU numerics model as the
                  harness did, so it prints the epsilons the harness measured
 """
@@ -21,10 +21,9 @@ import numpy as np
 from jinja2 import Template
 
 from cases import Case, input_hash, make_inputs
-
-from . import tpu_numerics
-from .backends import Unsupported, as_spec, make_backend
-from .backends.oracle import cached_oracle
+from parity.execute.backends import Unsupported, as_spec, make_backend
+from parity.execute.backends.oracle import cached_oracle
+from parity.measure import tpu_numerics
 
 SCRIPT = Template('''\
 """Standalone reproducer for {{ case_id }}.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from .common import run_recurrence, validate
+from references.common import run_recurrence, validate
 
 
 def step(S, q, k, v, g, scale):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The tests: lint and format checks (ruff, configured in pyproject.toml), unit tests of every
+# The tests: lint and format checks (ruff), the layer contracts over the real import graph
+# (import-linter; both configured in pyproject.toml), unit tests of every
 # part (the real TPU compiler included: every suite's kernels compiled for TPU targets, the
 # full suite on v5e, v6e and TPU7x), then the registry-driven parity tests of the ci suite
 # through the CPU interpreters (-m interpret) under the TPU numerics model, each case's kernels
@@ -10,6 +11,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
 status=0
 ruff check . || status=$?
 ruff format --check . || status=$?
+lint-imports || status=$?
 python -m pytest -n 2 -m "not interpret and not slow" tests "$@" || status=$?
 python -m pytest -n 2 -m interpret --parity-suite ci --parity-tpu-targets v5e tests "$@" || status=$?
 exit "$status"

@@ -8,7 +8,7 @@ correct, slow candidate. `raises`, `returns_nan` and `never_returns` are deliber
 broken, to show that a failing candidate is recorded without stopping a run.
 `chunked_jax_default` / `chunked_jax_highest`: the example repository's plain-JAX chunked
 Simple GLA (examples/my_kernels) with its float32 einsums DEFAULT (one bf16 MXU pass on a
-TPU) or HIGHEST: under the TPU numerics model (parity.tpu_numerics) the first is less
+TPU) or HIGHEST: under the TPU numerics model (parity.measure.tpu_numerics) the first is less
 accurate than FLA on a GPU, the second is not.
 """
 

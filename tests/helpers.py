@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from cases import Case, input_hash, make_inputs
-from parity.backends import BUILTIN, BackendResult, BackendSpec
-from parity.backends.oracle import cached_oracle
-from parity.manifest import manifest_path, write_manifest
+from parity.execute.backends import BUILTIN, BackendResult, BackendSpec
+from parity.execute.backends.oracle import cached_oracle
+from parity.execute.case import _record
+from parity.execute.runner import RunConfig, run_cases
 from parity.records import read_json, result_path, write_json
-from parity.runner import RunConfig, _record, run_cases
+from parity.records.manifest import manifest_path, write_manifest
 from references import error_scales
 
 SMALL = Case("simple_gla", 1, 64, 1, 64, 64, h0=True, ht=True)
@@ -24,7 +25,7 @@ def _libtpu_missing() -> str | None:
     install (scripts/env.sh): its absence fails the tests that need it instead of skipping."""
     import os
 
-    from parity.tpu_compile import libtpu_version
+    from parity.model.host import libtpu_version
 
     if libtpu_version() is not None or os.environ.get("CI"):
         return None
@@ -91,7 +92,7 @@ def deep(d):
 def assert_matches_oracle(case: Case, tensors: dict[str, np.ndarray]) -> None:
     """Every output and gradient the case asks for is present and passes the comparator
     (finite, rel_rms within tol) against the float64 oracle."""
-    from parity.compare import compare_tensor
+    from parity.measure.compare import compare_tensor
 
     oracle = cached_oracle(case, make_inputs(case))[0]
     assert set(tensors) == set(case.output_names())

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from cases import Case
-from parity.backends import BackendSpec, SpecError, parse_backend_spec
 from parity.cli import main
+from parity.execute.backends import BackendSpec, SpecError, parse_backend_spec, parse_specs
+from parity.execute.runner import RunConfig, run_cases
+from parity.model.spec import REFERENCE
 from parity.records import repro_command
-from parity.runner import RunConfig, run_cases
-from parity.spec import REFERENCE
 
 from .helpers import SMALL
 
@@ -58,8 +58,10 @@ def test_the_repro_command_reruns_the_same_spec():
     ],
 )
 def test_bad_specs_are_refused_naming_the_spec(text, says, capsys, tmp_path):
+    """parse_specs refuses: the spec's form is parse_backend_spec's (the model), whether a mutant
+    exists is the catalogue's (parity.mutants, a layer above the model)."""
     with pytest.raises(SpecError) as e:
-        parse_backend_spec(text)
+        parse_specs([text])
     assert says in str(e.value) and "\n" not in str(e.value)
     flag = ["--candidate", text] if "=" in text else ["--backends", f"oracle,{text}"]
     assert main(["run", "--case", SMALL.id, *flag, "--out", str(tmp_path / "out")]) == 2
@@ -93,13 +95,14 @@ def test_run_cases_does_not_change_its_config(tmp_path):
 
 def test_the_mutant_catalogue_and_backend_import_no_runner():
     """The old circle backends -> mutants -> runner -> backends is gone: the catalogue imports
-    nothing of the harness, the mutant backend no runner."""
+    nothing of the harness but the model, the mutant backend no runner."""
     code = (
         "import sys; import parity.mutants; a = sorted(m for m in sys.modules if m.startswith('parity.'));"
-        "import parity.backends.mutant; b = 'parity.runner' in sys.modules; print(a, b)"
+        "import parity.execute.backends.mutant; b = 'parity.execute.runner' in sys.modules; print(a, b)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['parity.mutants', 'parity.mutants.catalogue', 'parity.mutants.narrow'] False", out
+    model = "'parity.model', 'parity.model.host', 'parity.model.kernels', 'parity.model.spec'"
+    assert out.strip() == f"[{model}, 'parity.mutants', 'parity.mutants.catalogue', 'parity.mutants.narrow'] False", out
 
 
 def test_a_spec_is_a_value_the_runner_accepts_as_given(tmp_path):

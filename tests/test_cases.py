@@ -84,7 +84,7 @@ def test_same_bits_in_numpy_torch_and_jax():
     import jax.numpy as jnp
     import torch
 
-    from parity.backends.calling import from_torch, to_torch
+    from parity.execute.backends.calling import from_torch, to_torch
 
     c = Case("simple_gla", 1, 64, 2, 64, 64, dtype="bfloat16", h0=True, ht=True)
     for name, a in make_inputs(c).items():
@@ -165,7 +165,7 @@ def test_real_model_head_dims_are_cases_on_every_op():
         mine = [c for c in ci if c.op == op and c.backward]
         assert any(c.K < c.V for c in mine) and any(c.K > c.V for c in mine)
         assert any(c.K % 64 or c.V % 64 for c in mine) and any(c.V == 512 for c in mine)
-    from cases.models import label
+    from cases.suites import label
 
     models = get_suite("models")
     assert all(label(c) for c in models) and len({label(c) for c in models}) == len(models)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
-from parity.compare import bound, bound_localisation, compare_tensor, describe_localisation, rel_rms
-from parity.gate import GateRefusal, evaluate, format_summary, run_gate
-from parity.tol import TOL_VERSION, calibrate, growth, tol
+from parity.judge.gate import GateRefusal, evaluate, format_summary, run_gate
+from parity.measure.compare import bound, bound_localisation, compare_tensor, describe_localisation, rel_rms
+from parity.measure.tol import TOL_VERSION, calibrate, growth, tol
 from references import oracle_run
 
 from .helpers import SMALL_BF16, perturbed, record_from_tensors, write_records
@@ -151,7 +151,7 @@ def test_tolerances_in_reference_units_equal_the_old_formula():
     from pathlib import Path
 
     from cases import OPS
-    from parity.tol import COEF_OF, ROUNDOFF, UNIT, coef, output_dtype
+    from parity.measure.tol import COEF_OF, ROUNDOFF, UNIT, coef, output_dtype
 
     old = json.loads((Path(__file__).parent / "data" / "tolerances_v4_before_units.json").read_text())["coef"]
     old_u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
@@ -209,7 +209,7 @@ def test_calibrate_fits_coefficients_and_bumps_the_version():
     c = Case("gla", 1, 256, 1, 64, 64)
     eps = 3e-6
     table = calibrate([(c, "o", eps), (c, "o", eps / 2), (c, "dq", float("nan"))])
-    from parity.tol import MARGIN, UNIT
+    from parity.measure.tol import MARGIN, UNIT
 
     assert table["coef"]["gla"]["o"]["float32"] == pytest.approx(MARGIN * eps / (UNIT["float32"] * growth(c)), rel=1e-3)
     assert table["version"] != TOL_VERSION

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 from cases import Case, input_hash, make_inputs
-from parity.backends.oracle import CONTENT_KEY, KEY_KEY, OracleCacheWarning, cache_path, cached_oracle
 from parity.cli import main
+from parity.execute.backends.oracle import CONTENT_KEY, KEY_KEY, OracleCacheWarning, cache_path, cached_oracle
+from parity.execute.runner import RunConfig, run_cases
 from parity.records import read_json, result_path, write_record
-from parity.runner import RunConfig, run_cases
 
 from .helpers import perturbed, record_from_tensors, write_records
 
@@ -121,9 +121,9 @@ def test_exit_codes_mean_one_thing(tmp_path, records, capsys, monkeypatch):
     assert cli(["gate", gate_dir(tmp_path / "fail", records, worse)], capsys)[0] == 1
     rc, _, err = cli(["gate", tmp_path / "nowhere"], capsys)
     refused(rc, err, "nowhere", "no such directory")
-    import parity.cli
+    import parity.cli.common
 
-    monkeypatch.setattr(parity.cli, "get_suite", lambda name: 1 / 0)
+    monkeypatch.setattr(parity.cli.common, "get_suite", lambda name: 1 / 0)
     rc, _, err = cli(["cases", "--suite", "smoke"], capsys)
     assert rc == 3 and err.count("\n") == 1 and "internal error: ZeroDivisionError" in err
     log = Path(err.split("traceback in ")[1].rstrip(")\n"))
@@ -187,7 +187,7 @@ def test_1_a_record_moved_to_another_case_is_refused(tmp_path, records, capsys):
 
 
 def test_1_records_whose_inputs_differ_from_the_manifest_are_refused(tmp_path, records, capsys):
-    from parity.manifest import write_manifest
+    from parity.records.manifest import write_manifest
 
     d = gate_dir(tmp_path / "d", records)
     write_manifest(

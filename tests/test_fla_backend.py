@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
-from parity.backends.fla import FlaBackend, fla_chunk_size
-from parity.backends.oracle import cached_oracle
-from parity.compare import compare_tensor
+from parity.execute.backends.fla import FlaBackend, fla_chunk_size
+from parity.execute.backends.oracle import cached_oracle
+from parity.measure.compare import compare_tensor
 
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():
     pytest.skip("these tests check the CPU interpreter path; a CUDA device is visible", allow_module_level=True)
 
-from parity.backends import triton_interpreter  # noqa: E402
+from parity.execute.backends import triton_interpreter  # noqa: E402
 
 triton_interpreter.enable()
 import triton  # noqa: E402
@@ -201,7 +201,7 @@ def test_fla_imported_for_a_gpu_is_refused_with_the_fix():
         "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
         "import fla.ops.simple_gla\n"
         "from cases import Case, make_inputs\n"
-        "from parity.backends.fla import FlaBackend\n"
+        "from parity.execute.backends.fla import FlaBackend\n"
         "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
         "FlaBackend().run(c, make_inputs(c))\n"
     )

@@ -42,7 +42,7 @@ def test_narrow_mutant_wrap_changes_results_exactly_where_its_trigger_says(mutan
     import jax.numpy as jnp
 
     from cases import make_inputs
-    from parity.backends.calling import cotangent_names, differentiable_inputs, jax_program
+    from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
 
     def kernel(
         q,
@@ -121,7 +121,7 @@ def test_judge_is_the_gates_verdict_with_and_without_the_reference():
     oracle = record_from_tensors(SMALL, "oracle", "oracle", {})
     oracle.update(status="ok", side="oracle")
     from cases import make_inputs
-    from parity.backends.oracle import cached_oracle
+    from parity.execute.backends.oracle import cached_oracle
 
     exact = cached_oracle(SMALL, make_inputs(SMALL))[0]
     good = record_from_tensors(SMALL, "cand", "candidate", exact)
@@ -309,7 +309,7 @@ def test_fuzz_search(op, request):
     seconds = request.config.getoption("parity_fuzz")
     if not seconds:
         pytest.skip("give --parity-fuzz SECONDS to search each op")
-    from parity.fuzz import fuzz_for_pytest
+    from parity.pytest_plugin.fuzz import fuzz_for_pytest
 
     ok, report = fuzz_for_pytest(request.config, op)
     if not ok:
@@ -319,7 +319,7 @@ def test_fuzz_search(op, request):
 def test_an_identically_zero_oracle_tensor_is_judged_on_absolute_error():
     """What fuzz found: at T = 1 without an initial state the oracle's dg is exactly 0, and a correct
     kernel's rounding noise (2.6e-8) was failed as an infinite relative error."""
-    from parity.compare import compare_tensor
+    from parity.measure.compare import compare_tensor
 
     case = Case.from_id("simple_gla-fwdbwd-B1-T1-H1-K8-V8-fp32-C16-g_logsig")
     zero = np.zeros((1, 1, 1))

@@ -21,12 +21,11 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
-from parity import SCHEMA_VERSION
-from parity.backends import BUILTIN
-from parity.compare import compare_tensor
+from parity.execute.backends import BUILTIN
 from parity.html import build_report, write_report
-from parity.html.build import COMPILE_LABEL
-from parity.records import base_record, result_path, worst_verdict, write_json
+from parity.html.compile_view import COMPILE_LABEL
+from parity.measure.compare import compare_tensor
+from parity.records import SCHEMA_VERSION, base_record, result_path, worst_verdict, write_json
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "reports" / "screenshots"

@@ -21,7 +21,7 @@ from kernels_jax.common.validation import NoKernel
 from kernels_jax.gla import chunk_gla
 from kernels_jax.kda import chunk_kda
 from kernels_jax.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
-from parity.backends.calling import run_jax
+from parity.execute.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
 
 ENTRY_POINTS = {  # name -> (function, op prefix of its errors, its gate argument)

@@ -15,7 +15,7 @@ from cases import Case
 from cases.inputs import make_inputs
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.gla import chunk_gla
-from parity.backends.calling import run_jax
+from parity.execute.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
 
 VARLEN_ID = "gla-fwdbwd-B1-T130-H1-K64-V64-fp32-C128-g_stress-h0-ht-lens45_1_84"

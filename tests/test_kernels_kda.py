@@ -1,6 +1,6 @@
 """kernels_jax.kda.chunk_kda (Pallas, TPU interpret mode here) against the float64 oracle.
 
-Inputs come from the case registry, tolerances from parity.tol through parity.compare; every
+Inputs come from the case registry, tolerances from parity.measure.tol through parity.measure.compare; every
 forward output and every gradient must pass. Shapes are small: compiling an interpret-mode
 kernel dominates the time, so tests reuse a few shapes.
 """
@@ -15,7 +15,7 @@ import pytest
 from cases import Case, make_inputs
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.kda import chunk_kda
-from parity.backends.calling import run_jax
+from parity.execute.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
 
 KERNELS = ("kda_intra", "kda_recurrence_fwd", "kda_recurrence_bwd", "kda_chunk_grads")

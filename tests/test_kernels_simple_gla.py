@@ -15,7 +15,7 @@ from cases import Case
 from cases.inputs import make_inputs
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
-from parity.backends.calling import run_jax
+from parity.execute.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
 
 ACCURACY = [

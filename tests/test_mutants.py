@@ -8,10 +8,11 @@ import functools
 import pytest
 
 from cases import Case
-from parity import tpu_numerics
-from parity.gate import evaluate, load, load_compiles
-from parity.mutants import BY_NAME, CATALOGUE, format_score, score
-from parity.runner import build_backends, run_case
+from parity.cli.mutants import format_score, score
+from parity.execute.case import build_backends, run_case
+from parity.judge.gate import evaluate, load, load_compiles
+from parity.measure import tpu_numerics
+from parity.mutants import BY_NAME, CATALOGUE
 from tests.helpers import requires_libtpu
 
 

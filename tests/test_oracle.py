@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
-from parity.compare import rel_rms
+from parity.measure.compare import rel_rms
 from references import gla, kda, oracle_run, simple_gla
 
 F64_AGREEMENT = 1e-12  # two float64 formulations of the same maths

@@ -3,7 +3,7 @@
     pytest -m interpret --parity-suite smoke   FLA and Pallas through their CPU interpreters
     pytest -m gpu --parity-suite ci            FLA compiled on CUDA (skips without a GPU)
     pytest -m tpu --parity-suite ci            Pallas compiled on TPU (skips without a TPU)
-Records go to --parity-report-dir; the gate runs over them at session end (parity/pytest_plugin.py).
+Records go to --parity-report-dir; the gate runs over them at session end (parity/pytest_plugin/).
 """
 
 import pytest

@@ -1,4 +1,4 @@
-"""The pytest plugin (parity/pytest_plugin.py): its options, markers and refusals in-process
+"""The pytest plugin (parity/pytest_plugin/): its options, markers and refusals in-process
 through pytester; the manifests it writes at collection; end to end in a child pytest: a
 planted failing candidate fails its parity test with the explanation and the repro command,
 and hardware markers skip with a reason."""
@@ -17,12 +17,12 @@ import pytest
 # plugin asks it for CUDA where /dev/nvidia<N> exists)
 import torch  # noqa: F401
 
-import parity.gate  # noqa: F401
-import parity.manifest  # noqa: F401
+import parity.execute.tpu_compile  # noqa: F401
+import parity.judge.gate  # noqa: F401
 import parity.records  # noqa: F401
-import parity.tpu_compile  # noqa: F401
+import parity.records.manifest  # noqa: F401
 from cases import get_suite, make_inputs
-from parity.backends.oracle import cached_oracle
+from parity.execute.backends.oracle import cached_oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "simple_gla-fwd-B1-T96-H2-K64-V64-fp32-C64-g_stress"  # a smoke case, forward only
@@ -128,7 +128,10 @@ def test_a_session_without_parity_tests_imports_no_framework(pytester, monkeypat
         "def pytest_unconfigure(config):\n"
         "    heavy = {'jax', 'torch', 'fla', 'triton', 'numpy', 'cases', 'references', 'kernels_jax'}\n"
         "    names = sorted({m.split('.')[0] for m in sys.modules} & heavy)\n"
-        "    light = ('parity.pytest_plugin', 'parity.spec')  # the plugin, and the spec parser (standard library)\n"
+        "    # the plugin, and the model it reads names from (standard library)\n"
+        "    light = ('parity.pytest_plugin', 'parity.pytest_plugin.options', 'parity.pytest_plugin.devices',\n"
+        "             'parity.pytest_plugin.checks', 'parity.pytest_plugin.session',\n"
+        "             'parity.model', 'parity.model.host', 'parity.model.spec')\n"
         "    names += sorted(m for m in sys.modules if m.startswith('parity.') and m not in light)\n"
         "    open('imported.txt', 'w').write(' '.join(names))\n"
     )

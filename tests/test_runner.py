@@ -6,9 +6,9 @@ import shutil
 import pytest
 
 from cases import Case, get_suite, make_inputs
-from parity.backends.oracle import cache_path, cached_oracle
 from parity.cli import main
-from parity.runner import shard
+from parity.execute.backends.oracle import cache_path, cached_oracle
+from parity.execute.runner import shard
 
 from .helpers import SMALL, run
 
@@ -142,7 +142,7 @@ LOGSIG = Case("simple_gla", 1, 40, 2, 32, 32, gate="g_logsig", direction="fwd")
 def test_a_candidate_says_what_it_does_not_support(tmp_path):
     """NotImplementedError("reason") and a supports(case) attribute -> `unsupported` with the
     reason, not an error; the gate lists them as unsupported and passes the rest."""
-    from parity.gate import evaluate, load
+    from parity.judge.gate import evaluate, load
 
     from .helpers import record_from_tensors, write_records
 
@@ -176,7 +176,7 @@ def test_a_supports_attribute_that_answers_nonsense_is_an_error(tmp_path, monkey
     from tests import spec_candidates
 
     monkeypatch.setattr(spec_candidates.gamma_only_supports, "supports", lambda case: "")
-    from parity.backends import execute, make_backend
+    from parity.execute.backends import execute, make_backend
 
     b = make_backend("asking=jax:tests.spec_candidates:gamma_only_supports")
     res = execute(b, LOGSIG, make_inputs(LOGSIG))
@@ -186,7 +186,7 @@ def test_a_supports_attribute_that_answers_nonsense_is_an_error(tmp_path, monkey
 def test_a_not_implemented_error_from_jax_itself_stays_an_error():
     """Only the candidate's own NotImplementedError means 'unsupported': one jax raises (here: a
     primitive without a differentiation rule) is a failure of the candidate, never hidden."""
-    from parity.backends import execute, make_backend
+    from parity.execute.backends import execute, make_backend
 
     case = Case("simple_gla", 1, 40, 2, 32, 32, gate="gamma_alibi", h0=True)  # fwd + bwd
     b = make_backend("nodiff=jax:tests.spec_candidates:no_gradient")
@@ -197,7 +197,7 @@ def test_a_not_implemented_error_from_jax_itself_stays_an_error():
 def test_a_kernels_jax_module_that_fails_to_import_is_an_error(monkeypatch):
     """A broken import of the code under test fails its cases; it is never `unsupported` (which the
     gate passes)."""
-    from parity.backends import execute, jax_backends, make_backend
+    from parity.execute.backends import execute, jax_backends, make_backend
 
     monkeypatch.setitem(jax_backends.PALLAS_KERNELS, "pallas", {"simple_gla": ("kernels_jax.no_such_module", "f")})
     res = execute(make_backend("pallas"), SMALL, make_inputs(SMALL))
@@ -211,7 +211,7 @@ def test_a_worker_near_the_memory_map_limit_exits_after_its_case_and_is_replaced
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
-    from parity.runner import _Worker, memory_maps_used
+    from parity.execute.worker import _Worker, memory_maps_used
 
     assert 0 < memory_maps_used() < 0.5  # this process, read from /proc
 

@@ -1,4 +1,4 @@
-"""The TPU compile check (parity.tpu_compile): the real TPU compiler on this CPU machine."""
+"""The TPU compile check (parity.execute.tpu_compile): the real TPU compiler on this CPU machine."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import json
 import pytest
 
 from cases import OPS, Case, get_suite
-from parity import tpu_compile
 from parity.cli import main
+from parity.cli.compile import compile_suite
+from parity.execute import mosaic_llo, tpu_compile
+from parity.model import targets
 from tests.helpers import requires_libtpu
 
 BF16 = "simple_gla-fwd-B1-T64-H2-K64-V64-bf16-C64-g_logsig"
@@ -24,7 +26,7 @@ LLO_V5E = """module attributes {stable_mosaic.version = 15 : i64} {
 
 
 def test_parse_llo_reads_kernel_vmem_and_matmul_classes():
-    name, info = tpu_compile.parse_llo(LLO_V5E)
+    name, info = mosaic_llo.parse_llo(LLO_V5E)
     assert name == "my_kernel"
     # f32 [1, 64, 64] padded to (8, 128) tiles: 64 x 128 x 4; bf16 [64, 8] padded to (16, 128): 64 x 128 x 2
     assert info["vmem_bytes"] == 64 * 128 * 4 + 64 * 128 * 2
@@ -33,18 +35,18 @@ def test_parse_llo_reads_kernel_vmem_and_matmul_classes():
 
 
 def test_unknown_llo_format_is_an_error_not_a_pass():
-    with pytest.raises(tpu_compile.LloFormatError):
-        tpu_compile.parse_llo(LLO_V5E.replace("matmul_mode<round>", "matmul_mode<warp>"))
-    with pytest.raises(tpu_compile.LloFormatError):
-        tpu_compile.parse_llo(LLO_V5E.replace("data_format", "format"))
-    check = tpu_compile.numerics_check({"k": {"f32x1": 2}}, {"k": {"matmuls": {"f32x6": 12}}})
+    with pytest.raises(mosaic_llo.LloFormatError):
+        mosaic_llo.parse_llo(LLO_V5E.replace("matmul_mode<round>", "matmul_mode<warp>"))
+    with pytest.raises(mosaic_llo.LloFormatError):
+        mosaic_llo.parse_llo(LLO_V5E.replace("data_format", "format"))
+    check = mosaic_llo.numerics_check({"k": {"f32x1": 2}}, {"k": {"matmuls": {"f32x6": 12}}})
     assert check["mismatches"] and not check["kernels"]["k"]["agree"]
 
 
 def test_targets_are_validated():
     with pytest.raises(ValueError, match="'v9' is not a target"):
-        tpu_compile.parse_targets("v5e,v9")
-    assert tpu_compile.parse_targets("none") == ()
+        targets.parse_targets("v5e,v9")
+    assert targets.parse_targets("none") == ()
 
 
 @requires_libtpu
@@ -93,7 +95,7 @@ def test_pallas_candidate_without_mosaic_kernel_is_reported(tmp_path):
 def _suite_parts():
     """(suite, target, op) parts CI compiles: every suite on v5e, full (realistic shapes) on
     every default target; one test per op so that parallel workers share the load."""
-    parts = [("full", t) for t in tpu_compile.DEFAULT_TARGETS] + [(s, "v5e") for s in ("smoke", "stability", "varlen")]
+    parts = [("full", t) for t in targets.DEFAULT_TARGETS] + [(s, "v5e") for s in ("smoke", "stability", "varlen")]
     return [(s, t, op) for s, t in parts for op in OPS]
 
 
@@ -104,13 +106,13 @@ def test_kernels_compile_for_tpu(suite, target, op, tmp_path):
     target at every case of the suite, forward and backward, and its matmuls agree with the
     TPU numerics model. (The ci suite is compiled on v5e by the interpret pass, per case.)"""
     cases = [c for c in get_suite(suite) if c.op == op]
-    records = tpu_compile.compile_suite(cases, ["pallas", "pallas-fused"], (target,), tmp_path)
-    from parity.gate import compile_problems
+    records = compile_suite(cases, ["pallas", "pallas-fused"], (target,), tmp_path)
+    from parity.judge.gate import compile_problems
 
     bad = {f"{r['case_id']} [{r['backend']}]": compile_problems(r) for r in records if r["verdict"] != "pass"}
     assert not bad, bad
     # one record for every (case, candidate) with a kernel (V = 512 has none: unsupported, not compiled)
-    from parity.backends.jax_backends import PallasBackend
+    from parity.execute.backends.jax_backends import PallasBackend
 
     expected = sum(PallasBackend(s).applies_to_any([c]) for c in cases for s in ("pallas", "pallas-fused"))
     assert len(records) == expected and expected >= len(cases) - 2

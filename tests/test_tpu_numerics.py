@@ -1,4 +1,4 @@
-"""The TPU numerics model (parity.tpu_numerics): float32 dots computed as the TPU's MXU
+"""The TPU numerics model (parity.measure.tpu_numerics): float32 dots computed as the TPU's MXU
 computes them, checked against independent formulations (numpy on bf16-rounded operands,
 float64), inside and outside Pallas kernels, and through the gate."""
 
@@ -15,8 +15,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from cases import Case
-from parity import tpu_numerics
-from parity.gate import evaluate, load
+from parity.judge.gate import evaluate, load
+from parity.measure import tpu_numerics
 from tests.helpers import run
 
 RNG = np.random.default_rng(7)

@@ -1,6 +1,6 @@
 """Simple GLA in plain JAX, chunked as a TPU kernel would be; gradients by jax's autodiff.
 
-FLA's calling convention (the harness calls candidates this way; parity/backends/calling.py):
+FLA's calling convention (the harness calls candidates this way; parity/execute/backends/calling.py):
 
     chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
                      output_final_state=False, cu_seqlens=None, chunk_size=64) -> (o, final_state)

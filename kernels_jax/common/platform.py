@@ -14,6 +14,8 @@ import functools
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
+from .mutation import active
+
 
 @functools.cache
 def on_tpu() -> bool:
@@ -45,8 +47,6 @@ def compile_for_tpu():
 def interpret_mode():
     """The `interpret=` argument for pl.pallas_call (read at trace time): False on TPU or
     inside compile_for_tpu(), TPU interpret mode elsewhere."""
-    from .mutation import active
-
     if active("interpret_left_on"):  # mutation (seed 003): interpret mode hard-coded on
         return pltpu.InterpretParams()
     return False if (on_tpu() or _compile_for_tpu) else pltpu.InterpretParams()

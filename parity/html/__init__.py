@@ -11,8 +11,13 @@ column to the case table (a compile failure is the case's verdict) and a section
 The page needs no network and no server (it works from file://). Strings from results
 only ever reach the page through jinja2's autoescape, JSON with '<' escaped, or
 textContent in report.js.
+
+Modules:
+    build           build_report (records -> page data), write_report, write_diff_page (-> files)
+    rows            the gate per case, the case table's rows, the per-case details, the summary
+    compile_view    the TPU compile records: the compile matrix, column and detail section
 """
 
-from .build import build_report, write_report
+from parity.html.build import build_report, write_diff_page, write_report
 
-__all__ = ["build_report", "write_report"]
+__all__ = ["build_report", "write_diff_page", "write_report"]

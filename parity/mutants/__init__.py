@@ -1,21 +1,24 @@
 """Mutants: kernels_jax kernels with known bugs, to prove the harness catches wrong kernels.
+Layer: above the model, below execution (they are test subjects, run as candidates).
 
-    catalogue.py   the Mutant dataclass and CATALOGUE (imports nothing of the harness)
+    catalogue.py   the Mutant dataclass and the suite mutants (the named suites must catch each)
     narrow.py      the narrow mutants (wrong only outside every named suite: `parity fuzz` finds them)
-    run.py         `parity mutants`: run them through the gate and score what caught each
-The backend that runs `mutant:NAME` is parity.backends.mutant, registered like any backend.
+The backend that runs `mutant:NAME` is parity.execute.backends.mutant, registered like any backend;
+`parity mutants` (parity.cli.mutants) runs them through the gate and scores what caught each.
 """
 
-from .catalogue import BY_NAME, CATALOGUE, Mutant, catalogue_json
+import dataclasses
+import json
 
-__all__ = ["BY_NAME", "CATALOGUE", "Mutant", "catalogue_json", "format_score", "run_mutants", "score"]
+from parity.mutants.catalogue import SUITE_MUTANTS, Mutant
+from parity.mutants.narrow import NARROW_MUTANTS
+
+CATALOGUE: tuple[Mutant, ...] = SUITE_MUTANTS + NARROW_MUTANTS
+BY_NAME = {m.name: m for m in CATALOGUE}
 
 
-def __getattr__(name: str):
-    """score, format_score and run_mutants from parity.mutants.run, imported on first use (it
-    imports the runner; the catalogue must not)."""
-    if name in ("score", "format_score", "run_mutants"):
-        from . import run
+def catalogue_json() -> str:
+    return json.dumps([{k: v for k, v in dataclasses.asdict(m).items() if k != "wrap"} for m in CATALOGUE], indent=1)
 
-        return getattr(run, name)
-    raise AttributeError(f"module 'parity.mutants' has no attribute {name!r}")
+
+__all__ = ["BY_NAME", "CATALOGUE", "Mutant", "catalogue_json"]

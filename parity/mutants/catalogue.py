@@ -7,13 +7,13 @@ off) or a patched call around the unmodified kernel. Mutants run as candidates
 `fla` reference, through the same comparator and gate as any kernel. A mutant is caught
 when any case of its op has a gate verdict other than pass (accuracy, bound, NaN/Inf,
 error); the score is caught / total, and the unmutated kernels must pass every case.
-The backend that runs a mutant is parity.backends.mutant; the scored run is parity.mutants.run.
+The backend that runs a mutant is parity.execute.backends.mutant; the scored run is `parity mutants`
+(parity.cli.mutants).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 
 
@@ -202,11 +202,3 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
     ),
 )
-from .narrow import NARROW_MUTANTS  # noqa: E402 (it imports Mutant from this module)
-
-CATALOGUE: tuple[Mutant, ...] = SUITE_MUTANTS + NARROW_MUTANTS
-BY_NAME = {m.name: m for m in CATALOGUE}
-
-
-def catalogue_json() -> str:
-    return json.dumps([{k: v for k, v in dataclasses.asdict(m).items() if k != "wrap"} for m in CATALOGUE], indent=1)

@@ -20,11 +20,13 @@ candidate functions too: `--candidate NAME=jax:parity.mutants.narrow:FUNCTION` (
 
 from __future__ import annotations
 
+import importlib
 import math
 
 from cases import Case
-
-from .catalogue import Mutant  # (catalogue imports this module after defining Mutant)
+from parity.model.kernels import PALLAS_KERNELS, pallas_kernel
+from parity.model.spec import Unsupported
+from parity.mutants.catalogue import Mutant
 
 LANES = 128  # the width of a TPU vector tile
 
@@ -166,21 +168,14 @@ def _candidate(mutant: Mutant):
     kernel (the runner records other cases `unsupported`; parity fuzz draws only there)."""
 
     def run(q, k, v, *args, **kw):
-        import importlib
-
-        from ..backends.jax_backends import PALLAS_KERNELS
-
         module, function = PALLAS_KERNELS[mutant.impl][mutant.op]
         return mutant.wrap(getattr(importlib.import_module(module), function))(q, k, v, *args, **kw)
 
     def applies(case: Case) -> bool:
-        from ..backends.base import Unsupported
-        from ..backends.jax_backends import PallasBackend
-
         if case.op != mutant.op:
             return False
         try:
-            PallasBackend(mutant.impl).kernel(case)
+            pallas_kernel(mutant.impl, case)
         except Unsupported:
             return False
         return True

@@ -1,0 +1,45 @@
+"""`parity gate`: merge the records of run directories (from any machines) and enforce each
+candidate's tolerance and the TPU <= GPU bound (parity.judge.gate); writes gate.json."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from parity.cli import args as check
+from parity.judge.gate import GateRefusal, format_summary, run_gate
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
+    sp.add_argument("dirs", nargs="+")
+    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
+    sp.add_argument("--out", type=check.output_file, help="where to write gate.json (default DIR/gate.json)")
+    sp.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="gate the readable records even when a manifest's records are missing or a file is unreadable "
+        "(listed in the summary); for people who know what they merge",
+    )
+    sp.add_argument(
+        "--allow-mixed-numerics",
+        action="store_true",
+        help="merge a candidate's records computed under different numerics models",
+    )
+    sp.set_defaults(fn=cmd_gate)
+
+
+def cmd_gate(a) -> int:
+    try:
+        result = run_gate(
+            [Path(d) for d in a.dirs],
+            a.bound_factor,
+            Path(a.out) if a.out else None,
+            allow_partial=a.allow_partial,
+            allow_mixed_numerics=a.allow_mixed_numerics,
+        )
+    except GateRefusal as e:
+        print(f"parity gate: refused: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(result))
+    return 0 if result["ok"] else 1

@@ -1,0 +1,140 @@
+"""The backend interface.
+
+A backend takes a `Case` and its inputs (numpy arrays from `cases.inputs.make_inputs`)
+and returns every output and gradient the case asks for (`case.output_names()`:
+o, ht, dq, dk, dv, dg or dg_gamma, dbeta, dh0) as numpy arrays, plus where it really
+ran. `execute` wraps a backend call so that any failure becomes a record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import traceback
+from typing import Any, Protocol
+
+import numpy as np
+
+from cases import Case
+from parity.model.spec import STATUSES, KernelCall, Unsupported
+
+__all__ = ["STATUSES", "Unsupported"]  # the model's, used here by every backend
+
+
+@dataclasses.dataclass
+class Execution:
+    """What a backend returns for one case."""
+
+    tensors: dict[str, np.ndarray]
+    platform: str  # where it really ran: 'cpu:triton-interpreter', 'cuda:NVIDIA H100 ...'
+    implementation: str  # e.g. 'fla.ops.simple_gla.chunk_simple_gla'
+    versions: dict[str, str]
+    kernel_time_s: float | None = None  # wall time of the kernel calls alone (fwd + bwd)
+    numerics: str = ""  # how its arithmetic was computed: 'tpu-mxu-v1', 'float64', ...
+    # free-form facts, e.g. {'chunk_size': 64} when the kernel used another chunk size than
+    # the case, or {'unsupported_tensors': {'dg_gamma': 'why'}} for tensors it cannot produce
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class BackendResult:
+    """One backend's outcome for one case: an Execution, or an error record."""
+
+    backend: str
+    side: str
+    status: str  # one of STATUSES
+    tensors: dict[str, np.ndarray]
+    platform: str = ""
+    implementation: str = ""
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    kernel_time_s: float | None = None
+    wall_time_s: float | None = None
+    numerics: str = ""
+    error: str | None = None
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Backend(Protocol):
+    name: str  # 'oracle', 'fla', 'pallas', 'pallas-fused', or a candidate's name
+    side: str  # one of SIDES
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        """Compute case.output_names(); raise Unsupported(reason) when there is no kernel."""
+        ...
+
+    def kernel_call(self, case: Case) -> KernelCall:
+        """How run() calls its kernel for `case` (module, function, chunk_size passed or not):
+        what `parity repro` writes into its script. Unsupported when there is no kernel."""
+        ...
+
+
+@dataclasses.dataclass
+class CompileSubject:
+    """What a jax backend compiles for TPU targets (parity.execute.tpu_compile): fn in FLA's calling
+    convention, traced inside `context` (e.g. a mutation switch); expect_mosaic when it claims
+    to be a Pallas kernel (its TPU module must then contain a Mosaic kernel)."""
+
+    fn: Any
+    implementation: str
+    context: Any = contextlib.nullcontext
+    expect_mosaic: bool = True
+
+
+def check_tensors(
+    case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any], unsupported: dict[str, str] | None = None
+) -> dict[str, np.ndarray]:
+    """Every expected tensor present (or named in `unsupported` with a reason), with the
+    shape of the tensor it belongs to."""
+    unsupported = unsupported or {}
+    expected = {
+        "o": (case.B, case.T, case.H, case.V),
+        "ht": (case.N, case.H, case.K, case.V),
+        "dq": inputs["q"].shape,
+        "dk": inputs["k"].shape,
+        "dv": inputs["v"].shape,
+        "dg": inputs["g"].shape if "g" in inputs else None,
+        "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
+        "dbeta": inputs["beta"].shape if "beta" in inputs else None,
+        "dh0": (case.N, case.H, case.K, case.V),
+    }
+    out = {}
+    for name in case.output_names():
+        if name not in tensors or tensors[name] is None:
+            if name in unsupported:
+                continue
+            raise ValueError(f"backend returned no {name!r} (expected {case.output_names()})")
+        arr = np.asarray(tensors[name])
+        if arr.shape != tuple(expected[name]):
+            raise ValueError(f"{name!r} has shape {arr.shape}, expected {tuple(expected[name])}")
+        if arr.dtype.kind not in "fV" and arr.dtype.name != "bfloat16":
+            raise ValueError(f"{name!r} has dtype {arr.dtype}, expected a floating dtype")
+        out[name] = arr
+    return out
+
+
+def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> BackendResult:
+    """Run one backend on one case; exceptions, unsupported cases and bad outputs become records."""
+    t0 = time.perf_counter()
+    base = dict(backend=backend.name, side=backend.side, tensors={})
+    try:
+        ex = backend.run(case, inputs)
+        tensors = check_tensors(case, inputs, ex.tensors, ex.notes.get("unsupported_tensors"))
+    except Unsupported as e:
+        return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - a failing case must never stop the run
+        tb = traceback.format_exc(limit=-6)
+        return BackendResult(
+            **base, status="error", error=f"{type(e).__name__}: {e}\n{tb}", wall_time_s=time.perf_counter() - t0
+        )
+    return BackendResult(
+        **{**base, "tensors": tensors},
+        status="ok",
+        platform=ex.platform,
+        implementation=ex.implementation,
+        versions=ex.versions,
+        kernel_time_s=ex.kernel_time_s,
+        numerics=ex.numerics,
+        notes=ex.notes,
+        wall_time_s=time.perf_counter() - t0,
+    )

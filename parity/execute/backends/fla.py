@@ -1,0 +1,160 @@
+"""The reference side: flash-linear-attention's Triton kernels, on CUDA or in Triton's interpreter.
+
+    simple_gla: fla.ops.simple_gla.chunk_simple_gla (chunk size: the case's)
+    gla:        fla.ops.gla.chunk_gla              (chunk size fixed by FLA: 64)
+    kda:        fla.ops.kda.chunk_kda              (chunk size 32 or 64; 64 for other cases)
+Backward through torch autograd with cotangents do and dht. With no CUDA device the kernels
+run under the Triton interpreter (see triton_interpreter.py), recorded as
+'cpu:triton-interpreter'; FLA must then be imported after `triton_interpreter.request()`.
+Tensors FLA does not differentiate (it returns no gradient for g_gamma) are reported as
+unsupported with the reason, never as zeros.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from importlib import metadata
+
+import numpy as np
+
+from cases import Case
+from parity.execute.backends import triton_interpreter
+from parity.execute.backends.base import Execution
+from parity.execute.backends.calling import GRAD_NAMES, run_torch
+from parity.model.spec import REFERENCE, KernelCall
+
+# op -> (module, function)
+FLA_KERNELS = {
+    "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "gla": ("fla.ops.gla", "chunk_gla"),
+    "kda": ("fla.ops.kda", "chunk_kda"),
+}
+
+
+def fla_chunk_size(case: Case) -> int:
+    """The chunk size FLA's kernel really uses for this case (gla: its fixed 64)."""
+    if case.op == "simple_gla":
+        return case.chunk_size
+    if case.op == "kda":
+        return case.chunk_size if case.chunk_size in (32, 64) else 64
+    return 64
+
+
+class FlaImportedTooEarly(RuntimeError):
+    pass
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _kernel(case: Case, cuda: bool):
+    import importlib
+
+    if not cuda:
+        warnings.filterwarnings("ignore", message="Triton is not supported on current platform")
+        compiled_already = "fla" in sys.modules and not triton_interpreter.interpreting_fla()  # the fla package
+        triton_interpreter.enable()
+        if compiled_already:
+            raise FlaImportedTooEarly(
+                "fla was imported before TRITON_INTERPRET=1 was set, so its kernels were built for a GPU; "
+                "import parity.execute.backends.fla (or call "
+                "parity.execute.backends.triton_interpreter.request()) first"
+            )
+    module, name = FLA_KERNELS[case.op]
+    return getattr(importlib.import_module(module), name)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    return {"fla-core": metadata.version("fla-core"), "triton": triton.__version__, "torch": torch.__version__}
+
+
+class FlaBackend:
+    """FLA's chunked Triton kernels: the GPU side of the gate."""
+
+    name = REFERENCE
+    side = "reference"
+
+    @staticmethod
+    def kernel_call(case: Case) -> KernelCall:
+        """FLA's kernel for the case and the chunk_size passed to it (chunk_gla takes none)."""
+        module, function = FLA_KERNELS[case.op]
+        return KernelCall(
+            "torch", module, function, None if case.op == "gla" else fla_chunk_size(case), cu_seqlens_int64=True
+        )
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        import torch
+
+        cuda = _cuda()
+        fla_fn = _kernel(case, cuda)
+        chunk = fla_chunk_size(case)
+        how = self.kernel_call(case)
+        extra = {} if how.chunk_size is None else {"chunk_size": how.chunk_size}
+
+        def call(
+            q,
+            k,
+            v,
+            g=None,
+            g_gamma=None,
+            beta=None,
+            scale=None,
+            initial_state=None,
+            output_final_state=False,
+            cu_seqlens=None,
+        ):
+            gates = {"g": g} if case.op != "simple_gla" or g is not None else {"g_gamma": g_gamma}
+            if beta is not None:
+                gates["beta"] = beta
+            if cu_seqlens is not None and how.cu_seqlens_int64:
+                cu_seqlens = cu_seqlens.long()
+            return fla_fn(
+                q,
+                k,
+                v,
+                **gates,
+                scale=scale,
+                initial_state=initial_state,
+                output_final_state=output_final_state,
+                cu_seqlens=cu_seqlens,
+                **extra,
+            )
+
+        if cuda:
+            run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
+            tensors, seconds = run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)
+            platform = f"cuda:{torch.cuda.get_device_name()}"
+        else:
+            with np.errstate(all="ignore"):  # the interpreter's numpy sees masked-off exp overflows
+                tensors, seconds = run_torch(call, case, inputs, "cpu")
+            platform = "cpu:triton-interpreter"
+        notes = {"chunk_size": chunk}
+        if not cuda:
+            notes["emulation"] = "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU"
+        missing = {
+            n: "FLA's autograd returns no gradient for it"
+            for n in case.output_names()
+            if n not in tensors and n in GRAD_NAMES.values()
+        }
+        if missing:
+            notes["unsupported_tensors"] = missing
+        if cuda:
+            numerics = "cuda"
+        else:
+            numerics = f"triton-interpreter-gpu-v1 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne)"
+        return Execution(
+            tensors=tensors,
+            platform=platform,
+            implementation=f"fla.ops.{case.op}.{FLA_KERNELS[case.op][1]}",
+            versions=_versions(),
+            kernel_time_s=seconds,
+            numerics=numerics,
+            notes=notes,
+        )

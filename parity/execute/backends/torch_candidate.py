@@ -1,0 +1,44 @@
+"""A user's torch function in FLA's convention, on CUDA when present, else CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cases import Case
+from parity.execute.backends.base import Execution
+from parity.execute.backends.calling import accepts, candidate_declines, check_candidate_supports, run_torch
+from parity.model.spec import KernelCall, parse_backend_spec
+
+
+class TorchCandidate:
+    side = "candidate"
+
+    def __init__(self, name: str, fn: Callable, spec: str):
+        self.name, self.fn, self.spec = name, fn, spec
+
+    def kernel_call(self, case: Case) -> KernelCall:
+        """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
+        module, function = parse_backend_spec(self.spec).module_function()
+        return KernelCall("torch", module, function, case.chunk_size if accepts(self.fn, "chunk_size") else None)
+
+    def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        device = "cuda" if cuda else "cpu"
+        check_candidate_supports(self.fn, case)
+        with candidate_declines():
+            tensors, seconds = run_torch(
+                self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None
+            )
+        where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
+        return Execution(
+            tensors=tensors,
+            platform=where,
+            implementation=self.spec,
+            versions={"torch": torch.__version__},
+            kernel_time_s=seconds,
+            numerics="cuda" if cuda else "cpu-torch",
+        )

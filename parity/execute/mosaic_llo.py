@@ -1,0 +1,132 @@
+"""Mosaic's lowered module (its post-lower-to-llo dump) read, and checked against the numerics model.
+
+`parse_llo` reads one kernel's dump: its VMEM operands (padded to their tiles), weight loads and
+MXU matmul instructions by class (MATMUL_CLASSES); `model_matmuls` gives the classes the TPU
+numerics model (parity.measure.tpu_numerics) computes each Pallas kernel's dots in, and
+`numerics_check` compares the two per kernel. A dump this parser does not know raises
+LloFormatError, never reads as a pass. Used by the compile check (parity.execute.tpu_compile).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from parity.measure import tpu_numerics
+
+MATMUL_CLASSES = ("bf16", "f32x1", "f32x3", "f32x6")
+
+
+# ------------------------------------------------------------------ Mosaic's lowered module
+class LloFormatError(ValueError):
+    """Mosaic's dump is not in the format this parser knows: never read as a pass."""
+
+
+_ELEM_BYTES = {"f32": 4, "i32": 4, "bf16": 2, "f16": 2, "i16": 2, "i8": 1, "i1": 1, "f64": 8, "i64": 8}
+_MATMUL = re.compile(r'llo\.vmatmul(?:\.\w+)*"\([^)]*\)\s*<\{([^}]*)\}')
+
+
+def parse_llo(text: str) -> tuple[str, dict]:
+    """(kernel name, {vmem_bytes, weight_loads, matmuls: {class: instructions}}) of one
+    post-lower-to-llo module."""
+    m = re.search(r"func\.func @([\w.$-]+)\(([^{]*?)\)\s*attributes", text, re.S) or re.search(
+        r"func\.func @([\w.$-]+)\((.*?)\{", text, re.S
+    )
+    if not m:
+        raise LloFormatError("no func.func in Mosaic's post-lower-to-llo module")
+    head = text[m.start() : text.find("\n", m.end())]
+    vmem = sum(
+        _memref_bytes(shape, elem, tile)
+        for shape, elem, tile in re.findall(
+            r"memref<([\dx]+)x(\w+),\s*#tpu\.tiled<\(([\d,]+)\)[^>]*>,\s*#tpu\.memory_space<vmem>>", head
+        )
+    )
+    classes: Counter = Counter()
+    for attrs in _MATMUL.findall(text):
+        fmt = re.search(r"matmul_data_format<(\w+)>", attrs)
+        mode = re.search(r"matmul_mode<(\w+)>", attrs)
+        if not (fmt and mode):
+            raise LloFormatError(f"unrecognised llo.vmatmul attributes: {attrs[:200]}")
+        classes[_matmul_class(fmt.group(1), mode.group(1))] += 1
+    if "llo.vmatmul" in text and not classes:
+        raise LloFormatError("llo.vmatmul present but none parsed")
+    return m.group(1), {
+        "vmem_bytes": vmem,
+        "weight_loads": text.count('llo.vdwg"'),
+        "matmuls": dict(sorted(classes.items())),
+    }
+
+
+def _matmul_class(data_format: str, mode: str) -> str:
+    if data_format == "bf16":
+        return "bf16"
+    if data_format == "f32" and mode == "round":
+        return "f32x1"
+    if data_format == "f32" and mode in ("high", "low", "soft_low_eight", "soft_middle_eight"):
+        return "f32x6"
+    raise LloFormatError(f"unknown MXU matmul data_format={data_format} mode={mode}")
+
+
+def _memref_bytes(shape: str, elem: str, tile: str) -> int:
+    dims = [int(d) for d in shape.split("x")]
+    tiles = [int(t) for t in tile.split(",")]
+    for i, t in enumerate(reversed(tiles)):
+        j = len(dims) - 1 - i
+        if j >= 0:
+            dims[j] = -(-dims[j] // t) * t
+    n = 1
+    for d in dims:
+        n *= d
+    if elem not in _ELEM_BYTES:
+        raise LloFormatError(f"unknown element type {elem} in a VMEM memref")
+    return n * _ELEM_BYTES[elem]
+
+
+# ------------------------------------------------------------------ the model's side
+def model_matmuls(closed_jaxpr) -> dict[str, dict[str, int]]:
+    """{kernel name: {class: dots}}: each Pallas kernel's dots as the TPU numerics model
+    computes them (dots outside kernels are XLA's, not Mosaic's, and are not listed)."""
+    from jax._src.interpreters import mlir  # late: jax is heavy, only a compile needs it
+
+    out: dict[str, Counter] = {}
+    for eqn in _walk(closed_jaxpr.jaxpr):
+        if eqn.primitive.name != "pallas_call":
+            continue
+        # the name Mosaic gives the kernel: pallas_call's name=, else the kernel function's
+        name = mlir.sanitize_name(eqn.params["name"] or eqn.params["jaxpr"].debug_info.func_name)
+        counts = out.setdefault(name, Counter())
+        for inner in _walk(eqn.params["jaxpr"]):
+            if inner.primitive.name == "dot_general":
+                a, b = (v.aval.dtype for v in inner.invars[:2])
+                n = tpu_numerics.passes(a, b, inner.params.get("precision"))
+                counts[{0: "bf16", 1: "f32x1", 3: "f32x3", 6: "f32x6"}[n]] += 1
+    return {k: dict(sorted(v.items())) for k, v in out.items()}
+
+
+def _walk(jaxpr):
+    from jax._src import core  # late: jax is heavy, only a compile needs it
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from _walk(sub)
+
+
+def numerics_check(model: dict, compiled: dict) -> dict:
+    """Per kernel: the classes the model uses for its dots vs the MXU classes Mosaic emitted.
+    A kernel agrees when both use the same set of classes (dot counts differ from instruction
+    counts by tiling, so sets are compared); a dot the model puts on the MXU that Mosaic
+    computed elsewhere (the vector unit), or the reverse, is a mismatch."""
+    kernels, mismatches = {}, []
+    for name in sorted(set(model) | set(compiled)):
+        want = set((model.get(name) or {}).keys())
+        got = set(((compiled.get(name) or {}).get("matmuls") or {}).keys())
+        agree = want == got
+        kernels[name] = {
+            "model": model.get(name, {}),
+            "compiled": (compiled.get(name) or {}).get("matmuls", {}),
+            "agree": agree,
+        }
+        if not agree:
+            mismatches.append(f"{name}: model {sorted(want) or 'no dots'}, compiled {sorted(got) or 'no MXU matmul'}")
+    return {"model": "tpu-mxu-v1", "kernels": kernels, "mismatches": mismatches}

@@ -1,0 +1,226 @@
+"""The real TPU compiler on a machine without a TPU: compile a candidate's program for TPU targets.
+
+`jax.export(..., platforms=["tpu"])` only lowers; Mosaic's own passes (layouts, matmul operand
+types, VMEM limits) run when XLA:TPU compiles. With libtpu installed and `JAX_PLATFORMS=cpu`,
+`jax.experimental.topologies.get_topology_desc` gives compile-only TPU devices: a program
+lowered for one of them and compiled runs XLA:TPU and Mosaic for real, with no TPU attached
+(nothing executes; a compile on CPU is a compile, not a run).
+
+For one case, candidate and target, `compile_case` compiles the case's program (the forward,
+or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_program`) and returns:
+    ok, seconds, device_kind
+    error, error_op        Mosaic's message in full and the MLIR operation it names
+    kernels                the Mosaic kernels (pallas_call names) in the compiled TPU module
+    memory                 XLA's memory analysis (argument, output, temp, code bytes)
+    mosaic[kernel]         from Mosaic's lowered module (post-lower-to-llo, read by
+                           parity.execute.mosaic_llo): vmem_bytes (the
+                           kernel's VMEM operands, padded to their tiles: blocks and scratch),
+                           weight_loads, and MXU matmul instructions by class:
+                               bf16    bfloat16 operands, one pass
+                               f32x1   float32 operands rounded to bfloat16, one pass
+                               f32x6   float32 in six bfloat16 passes (HIGHEST)
+    numerics               the same classes predicted by the TPU numerics model for each
+                           kernel's dots (parity.measure.tpu_numerics), and every kernel where the
+                           compiled module and the model disagree
+A Pallas candidate whose compiled module holds no Mosaic kernel (interpret mode left on,
+seed 003) fails with that reason. `cost_analysis()` is not reported: it is not meaningful
+for Mosaic custom calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from cases import Case, input_shapes, storage_dtype
+from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
+from parity.execute.mosaic_llo import LloFormatError, model_matmuls, numerics_check, parse_llo
+from parity.measure import tpu_numerics
+from parity.model.host import libtpu_version, tpu_attached
+from parity.model.spec import Unsupported, as_spec
+from parity.model.targets import TARGETS
+from parity.records import base_record, compile_repro_command, compile_verdict, result_path, write_json
+
+DUMP_FLAG = "--xla_mosaic_dump_to"
+
+
+# ------------------------------------------------------------------ libtpu set-up
+@functools.cache
+def _dump_dir() -> Path:
+    """Where Mosaic writes its lowered modules in this process (the user's own --xla_mosaic_dump_to,
+    or a temporary directory); set in LIBTPU_INIT_ARGS before libtpu initialises."""
+    args = os.environ.get("LIBTPU_INIT_ARGS", "")
+    m = re.search(DUMP_FLAG + r"=(\S+)", args)
+    if m:
+        return Path(m.group(1))
+    d = Path(tempfile.mkdtemp(prefix="parity-mosaic-"))
+    os.environ["LIBTPU_INIT_ARGS"] = f"{args} {DUMP_FLAG}={d}".strip()
+    return d
+
+
+@functools.cache
+def device(target: str):
+    """A compile-only device of the target's topology."""
+    _dump_dir()
+    if not tpu_attached():
+        # compile-only: several processes (parallel workers) may hold libtpu at once
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import topologies  # late: jax is heavy (runner imports this module)
+
+    return topologies.get_topology_desc(topology_name=TARGETS[target], platform="tpu").devices[0]
+
+
+# ------------------------------------------------------------------ the program
+def program_structs(case: Case, fn: Callable, sharding):
+    """(program, diff structs, cotangent structs) for fn on this case."""
+    import jax  # late: heavy (runner imports this module)
+
+    shapes = input_shapes(case)
+    struct = lambda n: jax.ShapeDtypeStruct(shapes[n], storage_dtype(case, n), sharding=sharding)
+    diff = {n: struct(n) for n in differentiable_inputs(case, shapes)}
+    cot = tuple(struct(n) for n in cotangent_names(case))
+    return jax_program(fn, case), diff, cot
+
+
+def compile_case(
+    fn: Callable, case: Case, target: str, *, context: Callable = contextlib.nullcontext, expect_mosaic: bool = True
+) -> dict:
+    """Compile the case's program through fn for one TPU target (see the module docstring)."""
+    # late: jax and kernels_jax.common.platform (which imports jax) are heavy; the runner imports this module
+    import jax
+
+    from kernels_jax.common.platform import compile_for_tpu
+
+    t0 = time.perf_counter()
+    out: dict = {"target": target, "topology": TARGETS[target], "ok": False}
+    before: set[Path] = set()
+    try:
+        dev = device(target)
+        out["device_kind"] = dev.device_kind
+        program, diff, cot = program_structs(case, fn, jax.sharding.SingleDeviceSharding(dev))
+        before = _dump_files()
+        with context(), compile_for_tpu():
+            traced = jax.jit(program).trace(diff, cot)
+            lowered = traced.lower()
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - a compile error is this target's result
+        out.update(seconds=time.perf_counter() - t0, **describe_error(e))
+        _clear_dumps(_dump_files() - before)
+        return out
+    out["seconds"] = time.perf_counter() - t0
+    text = compiled.as_text()
+    out["kernels"] = mosaic_kernel_names(text)
+    out["memory"] = _memory(compiled)
+    new = _dump_files() - before
+    try:
+        out["mosaic"] = {
+            name: info
+            for path in sorted(new)
+            if path.name.endswith("post-lower-to-llo.txt")
+            for name, info in [parse_llo(path.read_text())]
+        }
+        if out["kernels"] and not out["mosaic"]:
+            raise LloFormatError(
+                f"no post-lower-to-llo module was written under {_dump_dir()} "
+                f"(LIBTPU_INIT_ARGS={os.environ.get('LIBTPU_INIT_ARGS', '')!r})"
+            )
+        out["numerics"] = numerics_check(model_matmuls(traced.jaxpr), out["mosaic"])
+    except LloFormatError as e:
+        out["numerics"] = {"error": f"{e} (libtpu {libtpu_version()})"}
+    finally:
+        _clear_dumps(new)
+    if expect_mosaic and not out["kernels"]:
+        out["error"] = (
+            "no Mosaic kernel in the compiled TPU module: the Pallas kernel did not compile "
+            "for TPU (interpret mode left on? seed 003)"
+        )
+        out["error_op"] = None
+        return out
+    out["ok"] = True
+    return out
+
+
+def describe_error(e: Exception) -> dict:
+    """error (in full), error_line (one line for a terminal) and error_op (the MLIR operation
+    Mosaic names, if any)."""
+    msg = f"{type(e).__name__}: {e}"
+    m = re.search(r"The MLIR operation involved:\s*\n\s*(.+)", msg)
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    return {"error": msg, "error_line": first[:300], "error_op": m.group(1).strip() if m else None}
+
+
+def mosaic_kernel_names(hlo_text: str) -> list[str]:
+    """Names of the Mosaic kernels (tpu_custom_call) in a compiled module, in order, once each."""
+    names = []
+    for line in hlo_text.splitlines():
+        if 'custom_call_target="tpu_custom_call"' not in line:
+            continue
+        m = re.search(r'op_name="(?:[^"]*/)?([^"/]+)/pallas_call"', line)
+        names.append(m.group(1) if m else "<unnamed>")
+    return list(dict.fromkeys(names))
+
+
+def _memory(compiled) -> dict:
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend exposes it
+        return {}
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes", "generated_code_size_in_bytes")
+    return {f: int(getattr(m, f)) for f in fields if hasattr(m, f)}
+
+
+def _dump_files() -> set[Path]:
+    d = _dump_dir()
+    return set(d.iterdir()) if d.exists() else set()
+
+
+def _clear_dumps(paths) -> None:
+    for p in paths:
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+# ------------------------------------------------------------------ records
+def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id: str) -> dict:
+    """The kind "compile" record of one case and candidate over the TPU targets."""
+    import jax  # late: heavy (runner imports this module)
+
+    results = {
+        t: compile_case(subject.fn, case, t, context=subject.context, expect_mosaic=subject.expect_mosaic)
+        for t in targets
+    }
+    rec = base_record(case, spec, backend, "candidate", "", run_id)
+    rec.update(
+        kind="compile",
+        implementation=subject.implementation,
+        repro=compile_repro_command(case.id, spec, targets),
+        program="fwd+bwd" if case.backward else "fwd",
+        libtpu=libtpu_version(),
+        jax=jax.__version__,
+        numerics=tpu_numerics.active(),
+        targets=results,
+        verdict=compile_verdict(results),
+    )
+    return rec
+
+
+def compile_for_targets(case: Case, spec, backend, targets, out_dir: Path, run_id: str) -> dict | None:
+    """Compile a jax candidate's program for the TPU targets; write and return its compile
+    record (None for a backend that compiles nothing for TPU, or has no kernel for the case).
+    spec: a BackendSpec or its text."""
+    if not targets or getattr(backend, "side", None) != "candidate" or not hasattr(backend, "compile_subject"):
+        return None
+    try:
+        subject = backend.compile_subject(case)
+    except Unsupported:
+        return None
+    spec = as_spec(spec)
+    rec = compile_record(case, spec.text, spec.name, subject, targets, run_id)
+    write_json(result_path(Path(out_dir), spec.name, case.id, kind="compile"), rec)
+    return rec

@@ -1,0 +1,258 @@
+"""One hypothesis search of one op: Search draws cases, runs each as `parity run` does
+(CaseRunner: a persistent runner worker), judges it (parity.fuzz.judgement), steers towards the
+worst margins and shrinks a failure (hypothesis, then Search.simplify)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+import sys
+import time
+import uuid
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from cases import Case
+from cases.strategies import Space, boundary_case, shrink_greedily
+from parity.execute.backends import backend_name, parse_specs
+from parity.execute.runner import RunConfig
+from parity.execute.worker import _Worker
+from parity.fuzz.config import FuzzConfig, applies_predicate, space_for
+from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge, read_records
+
+HYPOTHESIS_SHRINK_SHARE = 0.4  # of the shrink time, for hypothesis's shrinker; the rest for Search.simplify
+
+
+class FuzzFailure(Exception):
+    """The property failed on a case (hypothesis shrinks it)."""
+
+    def __init__(self, case_id: str, verdict: str):
+        super().__init__(f"{case_id}: {verdict}")
+        self.case_id, self.verdict = case_id, verdict
+
+
+class _TimeUp(BaseException):
+    """The time budget ran out with nothing failing: ends hypothesis's run (not a failure)."""
+
+
+# ------------------------------------------------------------------ running one case as parity run does
+class CaseRunner:
+    """One case at a time through a persistent runner worker (parity.execute.worker._worker_main, which
+    calls run_case); the per-backend timeout and the records of a worker that hangs or dies
+    as in run_cases (parity.execute.worker._Worker.poll and .fail). Records land in cfg.out_dir."""
+
+    def __init__(self, out_dir: Path, specs: list[str], timeout_s: float, run_id: str):
+        self.cfg = RunConfig(
+            out_dir=Path(out_dir), backends=list(specs), timeout_s=timeout_s, run_id=run_id, progress=False
+        )
+        self.specs = parse_specs(list(specs))
+        self.ctx = mp.get_context("spawn")
+        self.worker = None
+
+    def run(self, case: Case) -> list[dict]:
+        """The summary lines (parity.execute.case._summary_line) of every backend, oracle first."""
+
+        lines: list[dict] = []
+        todo = list(self.specs)
+        while todo:
+            if self.worker is None:
+                self.worker = _Worker(self.ctx, Path(self.cfg.out_dir), self.cfg.run_id, ())
+            w = self.worker
+            w.give(case, todo)
+            while True:
+                event = w.poll(bool(wait([w.conn], timeout=1.0)), self.cfg.timeout_s)
+                if event is None:
+                    continue
+                kind, value = event
+                if kind == "done":
+                    lines.append(value)
+                    continue
+                if kind == "case":
+                    if w.retired:
+                        self.worker = None
+                    return lines
+                self.worker = None
+                failed, todo = w.fail(*value, self.cfg.timeout_s)
+                lines += failed
+                break
+        return lines
+
+    def close(self) -> None:
+        if self.worker is not None:
+            try:
+                self.worker.conn.send(None)
+                self.worker.proc.join(10)
+            except (OSError, BrokenPipeError):
+                pass
+            if self.worker.proc.is_alive():
+                self.worker.kill()
+            self.worker = None
+
+
+# ------------------------------------------------------------------ one search
+class Search:
+    """One hypothesis search of one op with one seed; `run()` returns its summary."""
+
+    def __init__(self, cfg: FuzzConfig, op: str, index: int = 0):
+        self.cfg, self.op, self.index = cfg, op, index
+        self.seed = cfg.seed + index
+        self.work = Path(cfg.out) / ".work" / f"{op}-{index}"
+        self.run_id = f"fuzz-{uuid.uuid4().hex[:10]}"
+        self.seen: dict[str, Judgement] = {}
+        self.failing: list[str] = []  # failing case ids in the order found
+        self.worst: dict[str, dict] = {}  # "dtype/tensor/kind" -> {"margin", "case_id"}
+        self.counts = {"examples": 0, "unsupported": 0, "oracle-failed": 0, "cache_hits": 0}
+        self.reference_findings: list[dict] = []
+        self.platforms: set[str] = set()  # where the subject really ran, from its records
+        self.runner: CaseRunner | None = None
+        self.t0 = self.t_found = None
+        self.examples_to_find: int | None = None  # examples run until the first failure, it included
+
+    # the property
+    def check(self, case: Case) -> None:
+        import hypothesis
+
+        j = self.seen.get(case.id)
+        if j is None:
+            now = time.perf_counter()
+            if self.t_found is None and now - self.t0 > self.cfg.time_s:
+                raise _TimeUp()
+            if self.t_found is not None and now - self.t_found > HYPOTHESIS_SHRINK_SHARE * self.cfg.shrink_time_s:
+                hypothesis.reject()  # shrinking out of time: only cases already run still count
+            j = self.evaluate(case)
+        else:
+            self.counts["cache_hits"] += 1
+        if j.verdict in NOT_EVALUATED:
+            hypothesis.reject()
+        for name, m in sorted(j.margins.items()):
+            for kind, x in m.items():
+                if x is not None and math.isfinite(x):
+                    hypothesis.target(x, label=f"{name} {kind}")
+        if j.failed:
+            raise FuzzFailure(case.id, j.verdict)
+
+    def evaluate(self, case: Case) -> Judgement:
+        records = read_records(self.work, case, self.runner.run(case))
+        j = judge(case, records, self.cfg.subject, self.cfg.factor)
+        if records.get(self.cfg.subject, {}).get("platform"):
+            self.platforms.add(records[self.cfg.subject]["platform"])
+        self.seen[case.id] = j
+        if j.verdict in NOT_EVALUATED:
+            self.counts[j.verdict] += 1
+        else:
+            self.counts["examples"] += 1
+        for f in j.reference_findings:
+            self.reference_findings.append(f)
+        for name, m in j.margins.items():
+            for kind, x in m.items():
+                key = f"{case.dtype}/{name}/{kind}"
+                if x is not None and (key not in self.worst or x > self.worst[key]["margin"]):
+                    self.worst[key] = {"margin": x, "case_id": case.id}
+        if j.failed:
+            self.failing.append(case.id)
+            if self.t_found is None:
+                self.t_found = time.perf_counter()
+                self.examples_to_find = self.counts["examples"]
+        self._progress(case, j)
+        return j
+
+    def simplify(self, case_id: str, space: Space, applies) -> str:
+        """After hypothesis's shrinking: one field at a time (cases.strategies.shrink_greedily), each
+        simpler case run like any example, until none fails or the shrink time is up; the smallest id."""
+        deadline = self.t_found + self.cfg.shrink_time_s
+
+        def fails(c: Case) -> bool:
+            if applies is not None and not applies(c):
+                return False
+            return (self.seen.get(c.id) or self.evaluate(c)).failed
+
+        return shrink_greedily(Case.from_id(case_id), space, fails, lambda: time.perf_counter() >= deadline).id
+
+    def _progress(self, case: Case, j: Judgement) -> None:
+        if not self.cfg.progress:
+            return
+        worst = max(self.worst.items(), key=lambda kv: kv[1]["margin"], default=None)
+        w = f"worst {worst[0]} {worst[1]['margin']:.3g}" if worst else "worst -"
+        el = time.perf_counter() - self.t0
+        left = (
+            f"shrinking, {max(0.0, self.cfg.shrink_time_s - (time.perf_counter() - self.t_found)):.0f} s left"
+            if self.t_found is not None
+            else f"{max(0.0, self.cfg.time_s - el):.0f} s left"
+        )
+        print(
+            f"fuzz {self.op}[{self.cfg.subject}] #{self.index}: {self.counts['examples']} examples, "
+            f"{len(self.failing)} failing, {w}, {left}  ({j.verdict} {case.id})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def run(self) -> dict:
+        from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+        from hypothesis import seed as hseed
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        from hypothesis.errors import Unsatisfiable
+
+        applies = applies_predicate(self.cfg.candidate) if self.cfg.candidate else None
+        space = space_for(self.op, applies, self.cfg.max_elements, **self.cfg.space)
+        db = DirectoryBasedExampleDatabase(str(database_dir(self.cfg, self.op)))
+        self.runner = CaseRunner(self.work, self.cfg.specs, self.cfg.timeout_s, self.run_id)
+
+        @settings(
+            database=db,
+            max_examples=self.cfg.max_examples,
+            deadline=None,
+            verbosity=Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        )
+        @hseed(self.seed)
+        @given(boundary_case(space, applies))
+        def prop(case):
+            self.check(case)
+
+        self.t0 = time.perf_counter()
+        minimal, stopped = None, "max-examples"
+        try:
+            try:
+                prop()
+            except FuzzFailure as e:
+                minimal, stopped = e.case_id, "failure"
+            except _TimeUp:
+                stopped = "time"
+            except Unsatisfiable:
+                stopped = "nothing evaluated (every drawn case unsupported or without an oracle)"
+            if minimal is not None:
+                minimal = self.simplify(minimal, space, applies)
+        finally:
+            self.runner.close()
+        wall = time.perf_counter() - self.t0
+        return {
+            "op": self.op,
+            "index": self.index,
+            "seed": self.seed,
+            "subject": self.cfg.subject,
+            "space": dataclasses.asdict(space),
+            "stopped": stopped,
+            "wall_s": wall,
+            **self.counts,
+            "failing": self.failing,
+            "minimal": minimal,
+            "minimal_verdict": self.seen[minimal].verdict if minimal else None,
+            "minimal_detail": self.seen[minimal].detail if minimal else None,
+            "time_to_find_s": self.t_found - self.t0 if self.t_found is not None else None,
+            "examples_to_find": self.examples_to_find,
+            "shrink_s": time.perf_counter() - self.t_found if self.t_found is not None else None,
+            "worst": self.worst,
+            "reference_findings": self.reference_findings,
+            "platforms": sorted(self.platforms),
+            "work": str(self.work),
+        }
+
+
+def database_dir(cfg: FuzzConfig, op: str) -> Path:
+    """hypothesis's example database of this op, subject and backends (under OUT)."""
+
+    key = "-".join([op, cfg.subject] + [backend_name(s) for s in cfg.backends if s != "oracle"])
+    return Path(cfg.out) / ".hypothesis" / key

@@ -1,0 +1,296 @@
+"""Result records -> the page's data, case by case: the gate per case (`gate_per_case`), one table
+row (`case_row`) and one detail payload (`case_detail`) per case, and the index's counts
+(`summary`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail, worst_page_verdict
+from parity.judge.gate import GateRefusal, evaluate
+from parity.measure.compare import describe_localisation
+from parity.model.spec import REFERENCE
+from parity.records import VERDICT_ORDER
+
+TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
+
+
+def _ordered_counts(counter: Counter) -> dict:
+    known = [v for v in VERDICT_ORDER if v in counter]
+    return {v: counter[v] for v in known + sorted(set(counter) - set(known))}
+
+
+def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) -> tuple[dict[str, dict], dict]:
+    """The gate (parity.judge.gate.evaluate) case by case, so that one refused case does not hide
+    the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall outcome.
+    TPU compile records join as they do in `parity gate` (compile-error, numerics-mismatch);
+    without both sides' results only the compile records are judged."""
+    compiles = compiles or {}
+    per_case: dict[str, dict] = {}
+    has_ref = any(r["side"] == "reference" for recs in by_case.values() for r in recs.values())
+    has_cand = any(r["side"] == "candidate" for recs in by_case.values() for r in recs.values())
+    note = None
+    if not (has_ref and has_cand):
+        missing = f"reference ({REFERENCE})" if not has_ref else "candidate"
+        if not compiles:
+            return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
+        note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
+    failures, refused, counts = 0, [], Counter()
+    for cid in sorted(set(by_case) | set(compiles)):
+        recs = by_case.get(cid, {}) if note is None else {}
+        try:
+            g = evaluate(
+                {cid: recs} if recs else {},
+                factor,
+                REFERENCE,
+                compiles={cid: compiles[cid]} if cid in compiles else None,
+            )
+        except GateRefusal as e:
+            per_case[cid] = {"refused": str(e)}
+            refused.append(str(e))
+            continue
+        per_case[cid] = {c["candidate"]: c for c in g["cases"]}
+        failures += len(g["failures"])
+        counts.update(c["verdict"] for c in g["cases"])
+    status = "refused" if refused else ("pass" if failures == 0 else "fail")
+    return per_case, {
+        "status": status,
+        "factor": factor,
+        "failures": failures,
+        "refused": len(refused),
+        "refusal_examples": refused[:3],
+        "counts": _ordered_counts(counts),
+        "note": note,
+    }
+
+
+def _worst_tensor(tensors: dict) -> tuple[str | None, dict]:
+    """The tensor with NaN/Inf, else the highest rel_rms / tol (as parity.execute.runner's summary line)."""
+    worst, score = None, -1.0
+    for name, t in tensors.items():
+        if t.get("nan") or t.get("inf"):
+            return name, t
+        eps, tolerance = t.get("rel_rms"), t.get("tol")
+        if eps is None or not tolerance:
+            continue
+        if eps / tolerance > score:
+            worst, score = name, eps / tolerance
+    return worst, tensors.get(worst, {}) if worst else {}
+
+
+def _bound_use(gate_entry: dict | None) -> float | None:
+    """max over tensors and metrics of eps_candidate / (factor * eps_reference + floor): > 1 fails."""
+    if not gate_entry:
+        return None
+    uses = []
+    for t in gate_entry.get("tensors", {}).values():
+        for metric in ("rel_rms", "max_abs"):
+            m = (t.get("bound") or {}).get(metric) or {}
+            c, limit = m.get("candidate"), m.get("limit")
+            if c is None or limit is None:
+                continue
+            uses.append(c / limit if limit > 0 else (0.0 if c == 0 else math.inf))
+    finite = [u for u in uses if math.isfinite(u)]
+    return max(finite) if finite else None
+
+
+def _gating(case: dict) -> str:
+    params = case.get("gate_params") or {}
+    return str(case.get("gate", "")) + (
+        "(" + ",".join(f"{k}={v}" for k, v in sorted(params.items())) + ")" if params else ""
+    )
+
+
+def backend_order(by_case: dict) -> list[str]:
+    """oracle, the reference, then candidates by name."""
+    sides = {}
+    for recs in by_case.values():
+        for name, r in recs.items():
+            sides.setdefault(name, r.get("side", "candidate"))
+    rank = {"oracle": 0, "reference": 1, "candidate": 2}
+    return sorted(sides, key=lambda b: (rank.get(sides[b], 3), b))
+
+
+def _where(gate_entry: dict | None, worst: str | None) -> str | None:
+    """Localisation of a failing candidate: of its worst tensor if that fails, else of the first failing one."""
+    tensors = (gate_entry or {}).get("tensors", {})
+    failing = [n for n, t in tensors.items() if t.get("localisation")]
+    if not failing:
+        return None
+    name = worst if worst in failing else failing[0]
+    return f"{name}: {describe_localisation(tensors[name]['localisation'])}"
+
+
+def _case_dict(recs: dict, compile_recs: dict | None) -> dict:
+    any_rec = next(iter(recs.values()), None) or next(iter((compile_recs or {}).values()), None) or {}
+    return any_rec.get("case") or {}
+
+
+def headline_verdict(cells: dict[str, dict], recs: dict[str, dict], cc: dict | None) -> str:
+    """A case's verdict: the worst of the candidates that apply to it (and its TPU compiles);
+    a candidate with no kernel for it (unsupported) is not applicable and never outranks a pass;
+    "unsupported" when none applies. A case without candidate records: the worst of the oracle's
+    and the reference's."""
+    candidates = [b for b in cells if recs[b].get("side") == "candidate"]
+    judged = [cells[b]["v"] for b in (candidates or cells)]
+    applicable = [v for v in judged if v != "unsupported"] + ([cc["v"]] if cc else [])
+    return worst_page_verdict(applicable) if applicable else "unsupported"
+
+
+def case_row(
+    index: int, case_id: str, recs: dict, gate_case: dict, backends: list[str], compile_recs: dict | None = None
+) -> dict:
+    """One table row: the case's fields and, per backend, verdict, worst tensor, rel_rms, max_abs, bound use;
+    with compile records, the compile column ("cc"), whose verdict counts in the row's."""
+    case = _case_dict(recs, compile_recs)
+    cells = {}
+    for b in backends:
+        r = recs.get(b)
+        if r is None:
+            continue
+        entry = gate_case.get(b) if isinstance(gate_case, dict) else None
+        verdict = entry["verdict"] if entry and "verdict" in entry else r.get("verdict") or r.get("status") or "error"
+        name, t = _worst_tensor(r.get("tensors", {})) if r.get("side") != "oracle" else (None, {})
+        nonfinite = any(x.get("nan") or x.get("inf") for x in r.get("tensors", {}).values())
+        cell = {
+            "v": verdict,
+            "t": name,
+            "e": t.get("rel_rms"),
+            "m": t.get("max_abs"),
+            "r": None if nonfinite else _bound_use(entry),  # finite-only epsilons bound nothing
+            "nan": bool(t.get("nan") or t.get("inf")),
+            "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None,
+            "l": _where(entry, name),
+        }
+        cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
+    cc = compile_cell(compile_recs)
+    row = {
+        "n": index,
+        "id": case_id,
+        "op": case.get("op"),
+        "dtype": case.get("dtype"),
+        "C": case.get("chunk_size"),
+        "gating": _gating(case),
+        "verdict": headline_verdict(cells, recs, cc),
+        "b": cells,
+    }
+    if cc:
+        row["cc"] = cc
+    if isinstance(gate_case, dict) and gate_case.get("refused"):
+        row["refused"] = gate_case["refused"]
+    return row
+
+
+def summary(
+    rows: list[dict], by_case: dict, backends: list[str], gate: dict, dirs: list[Path], skipped: list[str]
+) -> dict:
+    """Counts by verdict and by op, dtype, chunk size, gating; where each backend ran and with what."""
+    verdicts = _ordered_counts(Counter(r["verdict"] for r in rows))
+    columns = list(verdicts)
+    breakdown = {}
+    for label, key in (("op", "op"), ("dtype", "dtype"), ("chunk size", "C"), ("gating", "gating")):
+        table = defaultdict(Counter)
+        for r in rows:
+            table[str(r[key])][r["verdict"]] += 1
+        breakdown[label] = [
+            {"value": v, "total": sum(c.values()), "counts": [c.get(col, 0) for col in columns]}
+            for v, c in sorted(table.items())
+        ]
+    where = []
+    for b in backends:
+        recs = [recs[b] for recs in by_case.values() if b in recs]
+        platforms = Counter(r.get("platform") or "(none)" for r in recs)
+        versions = Counter(
+            ", ".join(f"{k} {v}" for k, v in sorted((r.get("versions") or {}).items())) or "(none)" for r in recs
+        )
+        where.append(
+            {
+                "backend": b,
+                "side": recs[0].get("side", ""),
+                "records": len(recs),
+                "verdicts": _ordered_counts(Counter(r.get("verdict", "") for r in recs)),
+                "platforms": platforms.most_common(),
+                "versions": versions.most_common(3),
+                "hosts": sorted({r.get("host", "") for r in recs}),
+                "implementations": sorted({r.get("implementation") or "" for r in recs} - {""}),
+            }
+        )
+    created = sorted(r.get("created", "") for recs in by_case.values() for r in recs.values())
+    return {
+        "cases": len(rows),
+        "records": sum(len(v) for v in by_case.values()),
+        "verdicts": verdicts,
+        "columns": columns,
+        "breakdown": breakdown,
+        "where": where,
+        "gate": gate,
+        "dirs": [str(d) for d in dirs],
+        "skipped": skipped[:20],
+        "n_skipped": len(skipped),
+        "created": (created[0], created[-1]) if created else None,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S%z"),
+    }
+
+
+def case_detail(
+    row: dict,
+    recs: dict,
+    gate_case: dict,
+    backends: list[str],
+    compile_recs: dict | None = None,
+    compile_targets: list[str] = (),
+) -> dict:
+    """Everything the detail view shows for one case (the per-case file's payload)."""
+    out_backends = []
+    for b in backends:
+        r = recs.get(b)
+        if r is None:
+            continue
+        keep = {
+            k: r.get(k)
+            for k in (
+                "side",
+                "status",
+                "verdict",
+                "platform",
+                "implementation",
+                "versions",
+                "kernel_time_s",
+                "wall_time_s",
+                "error",
+                "notes",
+                "repro",
+                "run_id",
+                "host",
+                "created",
+                "input_hash",
+                "oracle_version",
+                "tol_version",
+            )
+        }
+        out_backends.append(
+            {
+                "name": b,
+                "row_verdict": row["b"][b]["v"],
+                **keep,
+                "tensors": r.get("tensors", {}),
+                "gate": gate_case.get(b) if isinstance(gate_case, dict) else None,
+            }
+        )
+    names = {n for r in recs.values() for n in r.get("tensors", {})}
+    order = [n for n in TENSOR_ORDER if n in names] + sorted(names - set(TENSOR_ORDER))
+    compiled = [compile_detail(r, list(compile_targets)) for _, r in sorted((compile_recs or {}).items())]
+    return {
+        "n": row["n"],
+        "id": row["id"],
+        "verdict": row["verdict"],
+        "case": _case_dict(recs, compile_recs),
+        "refused": row.get("refused"),
+        "tensor_order": order,
+        "backends": out_backends,
+        "compile": compiled,
+        "compile_label": COMPILE_LABEL if compiled else None,
+    }

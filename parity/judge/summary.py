@@ -1,0 +1,71 @@
+"""The gate's verdict as text: one line per failure, reference finding and unenforced bound,
+the TPU compile matrix, what was not seen, and PASS or FAIL."""
+
+from __future__ import annotations
+
+from parity.measure.compare import describe_localisation
+
+
+def _fmt(x) -> str:
+    return "nan/inf" if x is None else f"{x:.3g}"
+
+
+def format_summary(result: dict) -> str:
+    lines = [
+        f"gate: {len(result['cases'])} case/candidate pairs, bound factor {result['bound_factor']}: "
+        + ", ".join(f"{n} {v}" for v, n in result["counts"].items())
+    ]
+    for f in result["failures"]:
+        if f["tensor"] is None:
+            lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['verdict']}: {f['detail']}")
+        else:
+            lines.append(
+                f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
+                f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
+                f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}"
+                + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else "")
+            )
+    for f in result["reference_findings"]:
+        lines.append(
+            f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"
+            + (f" eps={_fmt(f.get('rel_rms'))} tol={_fmt(f.get('tol'))}" if f.get("tensor") else "")
+        )
+    if result["unsupported"]:
+        lines.append(
+            f"  unsupported: {len(result['unsupported'])} (case, candidate, tensor) entries, e.g. "
+            + "; ".join(
+                f"{u['case_id']} [{u['candidate']}] {u['tensor'] or ''} {u['detail'][:80]}"
+                for u in result["unsupported"][:3]
+            )
+        )
+    if result.get("unbounded"):
+        u = result["unbounded"]
+        lines.append(
+            "  bound not enforced (no reference tensor, or one with NaN/Inf; tolerance only): "
+            f"{len(u)} case/candidate pairs, "
+            f"{sum(len(x['tensors']) for x in u)} tensors, e.g. {u[0]['case_id']} [{u[0]['candidate']}] "
+            f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}"
+        )
+    if result.get("compile"):
+        lines.append(format_compile_summary(result["compile"]))
+    cov = result.get("coverage") or {}
+    if cov.get("partial"):
+        lines.append(
+            f"  PARTIAL (--allow-partial): {len(cov['missing'])} listed records missing, {len(cov['skipped'])} "
+            f"unreadable or malformed files skipped, {len(cov['no_manifest'])} directories without a manifest"
+            + "".join(f"\n    not seen: {x}" for x in (cov["missing"] + cov["skipped"])[:5])
+        )
+    if cov.get("ignored"):
+        lines.append(f"  ignored: {cov['ignored']} records that no manifest lists")
+    lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
+    return "\n".join(lines)
+
+
+def format_compile_summary(c: dict) -> str:
+    per = ", ".join(f"{t} {v['ok']} ok/{v['failed']} failed" for t, v in sorted(c["by_target"].items()))
+    vmem = f"{c['max_vmem_bytes'] / 2**20:.2f} MiB ({c['max_vmem_where']})" if c.get("max_vmem_where") else "n/a"
+    return (
+        f"  TPU compile (on this host, nothing executed): {c['pairs']} case/candidate pairs, {c['ok']} ok, "
+        f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {c['median_seconds']:.2f} s, "
+        f"max {c['max_seconds']:.2f} s; largest kernel VMEM operands {vmem}"
+    )

@@ -1,0 +1,391 @@
+"""The one comparison function of the project: a tensor against the float64 oracle.
+
+`compare_tensor(case, name, x, ref, scale)` returns the metrics record of shared/DESIGN.md:
+    rel_rms          ||x - r||_2 / ||r||_2 over elements where both are finite (primary); the
+                     absolute rms error where the oracle is identically zero; given the oracle's
+                     error scale (dg_gamma, a sum over tokens: references.error_scales),
+                     rms((x - r) / scale), each head against the size of what it sums
+    error_scale      that scale, when given
+    max_abs          max |x - r|
+    max_abs_over_rms max_abs / rms(r)
+    max_ulp          max |x - r| in units in the last place of r in the output dtype
+    nan, inf         counts in x where the oracle is finite
+    worst            the 5 worst elements: index, value, oracle
+    profile          rel error per chunk along T (per sequence row for state tensors)
+    heatmap          rel error per (chunk, head), [n_chunks][H]
+    floor_rel, floor_abs  rounding noise of the output dtype at the oracle's magnitude:
+                     the rel_rms / max_abs of the oracle itself rounded to that dtype
+    tol, verdict     against parity.measure.tol (pass, fail-accuracy, nan-inf)
+    row_heatmap      state tensors: rel error per (sequence row, head), [N][H]; [1][H] for [H]
+    localisation     where the error first exceeds tolerance and what its shape looks like
+                     (first chunk, token and head, or sequence and head; see localise)
+`bound(cand, ref, factor)` applies eps_c <= factor * eps_r + floor on rel_rms and max_abs;
+`bound_localisation` says where along T and in which head the candidate exceeds it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from parity.measure.tol import NP_DTYPES, output_dtype, tol
+
+TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")  # [B, T, H, ...]
+N_WORST = 5
+
+
+def rel_rms(x, ref) -> float:
+    """||x - ref||_2 / ||ref||_2 in float64 (0/0 -> 0, x/0 -> inf)."""
+    x = np.asarray(x, np.float64)
+    r = np.asarray(ref, np.float64)
+    num, den = float(np.linalg.norm(x - r)), float(np.linalg.norm(r))
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return num / den
+
+
+def _ulp(r: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of the output dtype at |r| (the gap to the next representable number)."""
+    fi = ml_dtypes.finfo(NP_DTYPES[dtype])
+    mag = np.maximum(np.abs(r), float(fi.tiny))
+    exp = np.floor(np.log2(mag))
+    return np.exp2(exp - fi.nmant)
+
+
+def _chunk_sums(a: np.ndarray, C: int) -> np.ndarray:
+    """[B, T, H, ...] -> sums per (chunk along T, head), [n_chunks, H]."""
+    B, T, H = a.shape[:3]
+    n = -(-T // C)
+    a = np.pad(a.reshape(B, T, H, -1).sum(-1, dtype=np.float64), ((0, 0), (0, n * C - T), (0, 0)))
+    return a.reshape(B, n, C, H).sum((0, 2))
+
+
+def _chunk_errors(err2: np.ndarray, ref2: np.ndarray, C: int) -> tuple[list, list]:
+    """err2, ref2: squared error / oracle [B, T, H, ...] -> (profile [n_chunks], heatmap [n_chunks][H])."""
+    e, r = _chunk_sums(err2, C), _chunk_sums(ref2, C)  # [n, H]
+    return _clean(_rel(e.sum(1), r.sum(1))), [_clean(row) for row in _rel(e, r)]
+
+
+def _row_head_errors(err2: np.ndarray, ref2: np.ndarray) -> list:
+    """State-like [N, H, ...] tensors: rel error per (sequence row, head), [N][H]."""
+    N, H = err2.shape[:2]
+    return [_clean(row) for row in _rel(err2.reshape(N, H, -1).sum(-1), ref2.reshape(N, H, -1).sum(-1))]
+
+
+def _rel(e: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """sqrt(squared error / squared oracle), NaN where the oracle is zero."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(e / np.where(r > 0, r, np.nan))
+
+
+def _clean(a) -> list:
+    return [None if not np.isfinite(v) else float(v) for v in np.ravel(a)]
+
+
+def _sequence_errors(err2, ref2, case) -> list | None:
+    """rel error per packed sequence for [1, T, ...] varlen tensors."""
+    if case.seqlens is None:
+        return None
+    out = []
+    for s, e in zip(case.cu_seqlens[:-1], case.cu_seqlens[1:]):
+        den = ref2[:, s:e].sum()
+        out.append(_num(math.sqrt(err2[:, s:e].sum() / den)) if den > 0 else None)
+    return out
+
+
+def _vec(values: list, none: float = np.nan) -> np.ndarray:
+    """A JSON list (None for NaN/Inf) back to float64, None -> `none`."""
+    return np.array([none if v is None else v for v in values], dtype=np.float64)
+
+
+def _grid(rows: list) -> np.ndarray:
+    return np.array([_vec(row) for row in rows]).reshape(len(rows), -1)
+
+
+# The grid hazards of a port from Triton (independent programs) to Pallas (a sequential loop
+# per TensorCore) that an error pattern points to; `localise` names them in its record.
+HAZARDS = {
+    "after-first-chunk": "state carried along the chunk axis is lost after the first chunk: a sequential grid axis "
+    "marked 'parallel' (v4, v5p and TPU7x split parallel axes over two TensorCores; TPU interpret "
+    "mode gives each parallel step NaN-filled scratch), or state never written back",
+    "some-sequences": "error from a packed sequence's start on: the state is not reset at a sequence start of a "
+    "varlen batch (it leaks from the sequence before)",
+}
+
+
+def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None, seq_limit=None) -> dict:
+    """`_localise`, plus the grid hazard a time tensor's pattern points to (HAZARDS), if any."""
+    loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
+    pattern = loc.get("pattern")
+    if name in TIME_TENSORS and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
+        loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
+    elif (
+        name in TIME_TENSORS
+        and rec.get("nan", 0) + rec.get("inf", 0) >= case.chunk_size * min(case.K, case.V)
+        and loc.get("first_chunk", 0) > 0
+        and pattern in ("local", "uniform")
+    ):
+        # whole chunks of NaN/Inf (a chunk of one head at least) from a later chunk on, the first clean:
+        # what uninitialised carried state gives when the chunk axis runs out of order (TPU interpret
+        # mode visits 'parallel' axes in a random order); a stray NaN names no hazard
+        loc["hazard"] = HAZARDS["after-first-chunk"]
+    return loc
+
+
+def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None, seq_limit=None) -> dict:
+    """Where the error of one tensor first exceeds `limit`, and the shape of the error.
+
+    rec: a compare_tensor record (profile, heatmap or row_heatmap, sequences).
+    limit: a scalar (the tolerance) or an array of the heatmap's shape (the bound, per
+    chunk and head); seq_limit the same per packed sequence (default: limit).
+    nonfinite_cells: bool [n_chunks][H], cells holding NaN/Inf.
+    Time tensors [B, T, H, ...] give first_chunk, first_t (the chunk's start; the comparator
+    refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
+    along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
+    (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'.
+    State tensors [N, H, K, V] give the first sequence and head over the limit and
+    'one-sequence' or 'all-sequences'; [H] tensors
+    (dg_gamma) the first head and 'one-head' or 'heads'."""
+    if name not in TIME_TENSORS:
+        grid = rec.get("row_heatmap")
+        if not grid:
+            return {}
+        heat = _grid(grid)
+        bad = np.nan_to_num(heat, nan=np.inf) > np.asarray(limit)
+        if not bad.any():
+            return {"against": against, "pattern": "uniform"}
+        n, h = map(int, np.argwhere(bad)[0])
+        if len(rec.get("shape", [])) == 1:  # [H]: per head only
+            return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads"}
+        rows_bad = int(bad.any(1).sum())
+        return {
+            "against": against,
+            "sequence": n,
+            "head": h,
+            "pattern": "one-sequence"
+            if rows_bad == 1 and len(grid) > 1
+            else "all-sequences"
+            if len(grid) > 1
+            else "state",
+        }
+    profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
+    if not profile:
+        return {}
+    prof = _vec(profile)
+    heat = _grid(heatmap)
+    limit_heat = np.broadcast_to(np.asarray(limit, np.float64), heat.shape)
+    bad = np.nan_to_num(heat, nan=np.inf) > limit_heat
+    if nonfinite_cells is not None:
+        bad |= np.asarray(nonfinite_cells, bool)
+    loc: dict = {"against": against}
+    if bad.any():
+        c = int(np.argwhere(bad)[0][0])
+        row = np.where(bad[c], np.nan_to_num(heat[c], nan=np.inf) / limit_heat[c], -np.inf)
+        loc.update(first_chunk=c, first_t=c * case.chunk_size, head=int(np.argmax(row)))
+    finite = prof[np.isfinite(prof)]
+    if finite.size == 0:
+        loc["pattern"] = "non-finite"
+        return loc
+    # a chunk is over when any of its heads is (a per-head limit makes the profile alone unfit)
+    over = bad.any(1)
+    n = len(prof)
+    sequences = rec.get("sequences")
+    if sequences and len(sequences) > 1 and over.any():
+        seq = _vec(sequences, np.inf)
+        seq_bad = np.flatnonzero(seq > np.asarray(limit if seq_limit is None else seq_limit, np.float64))
+        if len(seq_bad) == 1:
+            loc["pattern"] = "one-sequence"
+            loc["sequence"] = int(seq_bad[0])
+            return loc
+        if 0 < len(seq_bad) < len(sequences):  # e.g. state leaking from one packed sequence into the next
+            loc["pattern"] = "some-sequences"
+            loc["sequences"] = [int(i) for i in seq_bad]
+            return loc
+    if n == 1:
+        loc["pattern"] = "single-chunk"
+    elif n >= 3 and over.sum() == 1 and over[0]:
+        loc["pattern"] = "first-chunk"
+    elif n >= 4 and np.all(np.diff(np.nan_to_num(prof, nan=0.0)) >= -1e-12 * finite.max()) and prof[-1] > 2 * prof[0]:
+        loc["pattern"] = "drift"
+    elif n >= 3 and 0 < over.sum() <= max(1, n // 4):
+        loc["pattern"] = "local"
+    elif n >= 3 and over.sum() == n - 1 and not over[0]:
+        loc["pattern"] = "after-first-chunk"
+    else:
+        loc["pattern"] = "uniform"
+    return loc
+
+
+def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) -> dict:
+    """Where the candidate exceeds the bound: per chunk and head (per sequence and head for
+    states), factor x the reference's error there + the dtype floor; a reference cell that
+    is NaN/Inf bounds nothing."""
+    key = "heatmap" if name in TIME_TENSORS else "row_heatmap"
+    if not cand.get(key) or not ref.get(key):
+        return {}
+    floor = ref.get("floor_rel") or 0.0
+    limit = factor * np.nan_to_num(_grid(ref[key]), nan=np.inf) + floor
+    seq_limit = None
+    if cand.get("sequences") and ref.get("sequences"):
+        seq_limit = factor * _vec(ref["sequences"], np.inf) + floor
+    return localise(case, name, cand, limit, "bound", seq_limit=seq_limit)
+
+
+def _first_bad_token(case, err2, ref2, nonfinite, loc: dict, limit: float) -> int:
+    """The first token of the first bad chunk, in its head, whose error (or NaN/Inf) is large:
+    |error| over limit x the chunk's oracle rms per token."""
+    C, c, h = case.chunk_size, loc["first_chunk"], loc["head"]
+    sl = slice(c * C, min((c + 1) * C, err2.shape[1]))
+    e = err2[:, sl, h].reshape(err2.shape[0], -1, int(np.prod(err2.shape[3:], dtype=int))).sum((0, 2))
+    r = ref2[:, sl, h].sum() / max(1, e.size)
+    nf = nonfinite[:, sl, h].reshape(nonfinite.shape[0], e.size, -1).any((0, 2))
+    hit = np.flatnonzero(nf | (np.sqrt(e) > limit * math.sqrt(r)))
+    return c * C + int(hit[0]) if hit.size else c * C
+
+
+def describe_localisation(loc: dict | None) -> str:
+    """One line for terminals and reports, e.g. 'drift; first over tol: chunk 2 (t=131), head 1'."""
+    if not loc:
+        return ""
+    parts = [loc.get("pattern", "")]
+    if "first_chunk" in loc:
+        parts.append(
+            f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), "
+            f"head {loc['head']}"
+        )
+    if "head" in loc and "first_chunk" not in loc and "sequence" not in loc:
+        parts.append(f"head {loc['head']}")
+    if "sequences" in loc:
+        parts.append("sequences " + ", ".join(map(str, loc["sequences"])))
+    if "sequence" in loc:
+        parts.append(
+            f"sequence {loc['sequence']}"
+            + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else "")
+        )
+    if "hazard" in loc:
+        parts.append("suspect: " + loc["hazard"])
+    return "; ".join(p for p in parts if p)
+
+
+def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
+    """Metrics of `x` (any float dtype) against the float64 oracle `ref` for tensor `name`.
+    rel_rms = rms((x - ref) / s): s is ref's rms (||x - ref|| / ||ref||), or, given `scale` (the
+    oracle's error scale of the tensor, references.error_scales: per head for dg_gamma [H]), that,
+    element by element."""
+    x = np.asarray(x).astype(np.float64)
+    r = np.asarray(ref, np.float64)
+    if x.shape != r.shape:
+        raise ValueError(f"{name}: shape {x.shape} differs from the oracle's {r.shape}")
+    ref_ok = np.isfinite(r)
+    x_ok = np.isfinite(x)
+    both = ref_ok & x_ok
+    nan = int(np.sum(np.isnan(x) & ref_ok))
+    inf = int(np.sum(np.isinf(x) & ref_ok))
+    diff = np.where(both, x - r, 0.0)
+    r0 = np.where(ref_ok, r, 0.0)
+    err2, ref2 = diff**2, r0**2
+    den = math.sqrt(float(ref2.sum()))
+    num = math.sqrt(float(err2.sum()))
+    # an identically zero oracle (the gate gradient when every sequence is one token and there is no
+    # initial state) has no relative error: its epsilon is the absolute rms error, the inputs being of
+    # unit scale (parity fuzz found rounding noise of 2.6e-8 failed as inf: simple_gla-fwdbwd-B1-T1-...)
+    if scale is not None:  # a zero scale (the sum and all its terms zero): the error is absolute there
+        s = np.broadcast_to(np.asarray(scale, np.float64), r.shape)
+        eps = math.sqrt(float(np.mean(err2 / np.where(s > 0, s, 1.0) ** 2))) if r.size else 0.0
+    else:
+        eps = num / math.sqrt(max(1, r.size)) if den == 0 else num / den
+    absd = np.abs(diff)
+    max_abs = float(absd.max()) if absd.size else 0.0
+    rms_r = den / math.sqrt(max(1, r.size))
+    odt = output_dtype(case, name)
+    ulps = absd / _ulp(r0, odt)
+    rounded = r0.astype(NP_DTYPES[odt]).astype(np.float64)
+    # worst elements: non-finite ones first, then by |x - r|
+    score = np.where(both, absd, np.where(ref_ok, np.inf, -1.0)).ravel()
+    order = np.argsort(-score, kind="stable")[:N_WORST]
+    worst = [
+        {
+            "index": [int(i) for i in np.unravel_index(j, x.shape)],
+            "value": _num(x.ravel()[j]),
+            "oracle": _num(r.ravel()[j]),
+        }
+        for j in order
+    ]
+    tolerance = tol(case, name)
+    rec = {
+        "dtype": odt,
+        "shape": list(x.shape),
+        "rel_rms": eps,
+        "max_abs": max_abs,
+        "max_abs_over_rms": max_abs / rms_r if rms_r > 0 else (0.0 if max_abs == 0 else math.inf),
+        "max_ulp": float(ulps.max()) if ulps.size else 0.0,
+        "nan": nan,
+        "inf": inf,
+        "oracle_nonfinite": int(np.sum(~ref_ok)),
+        "oracle_rms": rms_r,
+        "oracle_max_abs": float(np.abs(r0).max(initial=0.0)),
+        "worst": worst,
+        "floor_rel": rel_rms(rounded, r0),
+        "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
+        "tol": tolerance,
+    }
+    if scale is not None:
+        rec["error_scale"] = [float(v) for v in np.ravel(scale)]
+    nonfinite = ~x_ok & ref_ok
+    if name in TIME_TENSORS:
+        rec["profile"], rec["heatmap"] = _chunk_errors(err2, ref2, case.chunk_size)
+        rec["sequences"] = _sequence_errors(np.where(nonfinite, np.inf, err2), ref2, case)  # None: NaN/Inf
+    else:  # state-like [N, H, K, V] or [H]: one value per leading row (and per head)
+        rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
+        rec["profile"] = [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]
+        if err2.ndim in (1, 4):  # [N, H, K, V] states, or [H] (dg_gamma): one row of heads
+            e = np.where(nonfinite, np.inf, err2)
+            rec["row_heatmap"] = _row_head_errors(e, ref2) if err2.ndim == 4 else _row_head_errors(e[None], ref2[None])
+    if nan or inf:
+        rec["verdict"] = "nan-inf"
+    elif not eps <= tolerance:
+        rec["verdict"] = "fail-accuracy"
+    else:
+        rec["verdict"] = "pass"
+    rec["rel_rms"], rec["max_abs_over_rms"] = _num(rec["rel_rms"]), _num(rec["max_abs_over_rms"])
+    rec["localisation"] = {}
+    if rec["verdict"] != "pass":
+        cells = _chunk_sums(nonfinite, case.chunk_size) > 0 if name in TIME_TENSORS else None
+        loc = localise(case, name, rec, tolerance, "tol", cells)
+        if "first_chunk" in loc:
+            loc["first_t"] = _first_bad_token(case, err2, ref2, nonfinite, loc, tolerance)
+        rec["localisation"] = loc
+    return rec
+
+
+def _num(v) -> float | None:
+    """JSON-safe float: NaN and +-Inf become None (counts are recorded separately)."""
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def bound(cand: dict, ref: dict, factor: float = 1.0) -> dict:
+    """eps_c <= factor * eps_r + floor on rel_rms and on max_abs, for two compare_tensor records."""
+    out = {"factor": factor}
+    ok = True
+    ref_nonfinite = bool(ref.get("nan") or ref.get("inf"))
+    if ref_nonfinite:  # its epsilons cover only its finite elements: no bound from it
+        out["reference_nonfinite"] = True
+    for metric, floor in (("rel_rms", "floor_rel"), ("max_abs", "floor_abs")):
+        c, r = cand.get(metric), ref.get(metric)
+        if c is None or r is None or ref_nonfinite:
+            out[metric] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
+            ok = ok and c is not None  # a reference with NaN bounds nothing; a NaN candidate fails
+            continue
+        limit = factor * r + ref[floor]
+        out[metric] = {
+            "candidate": c,
+            "reference": r,
+            "limit": limit,
+            "ratio": c / r if r > 0 else (0.0 if c == 0 else None),
+        }
+        ok = ok and c <= limit
+    out["ok"] = bool(ok and not cand.get("nan") and not cand.get("inf"))
+    return out

@@ -1,0 +1,191 @@
+"""TPU numerics on a machine without a TPU: every matmul of the TPU side computed as the MXU does.
+
+TPU interpret mode and XLA:CPU compute every float32 dot in float32, whatever its precision;
+a TPU does not. What the real TPU compiler emits (jax 0.10.2, libtpu 0.0.42.1, read from
+Mosaic's post-lower-to-llo module and XLA:TPU, identical on v4, v5e, v5p, v6e and TPU7x):
+
+    operands          precision            on the MXU
+    bf16 x bf16       any                  1 pass, exact products, float32 accumulation
+    f32 (x f32|bf16)  DEFAULT              1 pass: each float32 operand rounded to bfloat16
+                                           (nearest even), exact products, f32 accumulation
+    f32               HIGH                 3 passes (bf16_3x: hi*hi + hi*lo + lo*hi)
+    f32               HIGHEST              6 passes (bf16_6x: each operand split into three
+                                           bfloat16 pieces, the six products of order <= 2)
+
+The model (`tpu-mxu-v1`) is one lowering rule for `dot_general` on the CPU platform,
+installed for the whole process: it rewrites each float32 dot into the bfloat16 passes
+above, by the precision the dot resolved to at trace time (so `jax_default_matmul_precision`
+and per-call `precision=` are honoured), and leaves every other dot alone. Because TPU
+interpret mode binds each kernel-body primitive inside the traced program, the rule reaches
+dots inside Pallas kernels and in the XLA code around them, forward and backward (a
+transposed dot keeps its primal's precision parameter), through scan, while, cond,
+custom_vjp/custom_jvp and nested jit. Kernels are never edited. float64 dots (the oracle)
+and torch (FLA) are untouched.
+
+What it does not emulate (its limits, written down):
+- accumulation order inside the MXU: the passes are summed in float32 by XLA:CPU's dot, in
+  its own order (differences at float32 rounding, ~1e-7 relative);
+- transcendental approximations (exp, log, rsqrt on the TPU's vector unit) are CPU libm;
+- bf16 arithmetic on the vector unit of v6e and TPU7x: elementwise bf16 ops are computed
+  as XLA:CPU computes them (widened to float32 and rounded back);
+- matrix x vector contractions that Mosaic puts on the vector unit in full float32: the model
+  treats every dot as an MXU dot; the compile check (`parity.execute.tpu_compile`) reads the compiled
+  module and reports where the two disagree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+MODELS = ("tpu-mxu-v1", "float32")
+DEFAULT_MODEL = "tpu-mxu-v1"
+ENV = "PARITY_TPU_NUMERICS"
+
+_state = {"model": None, "installed": False, "inner": False}
+
+
+def check_model(name: str) -> str:
+    if name not in MODELS:
+        raise ValueError(f"numerics model {name!r}: expected one of {list(MODELS)}")
+    return name
+
+
+def active() -> str:
+    """The model the TPU side computes under in this process (installs it on first use)."""
+    if _state["model"] is None:
+        activate(os.environ.get(ENV, DEFAULT_MODEL))
+    return _state["model"]
+
+
+def activate(name: str) -> None:
+    """Set the process-wide model; clears jax's caches when it changes (compiled dots differ)."""
+    check_model(name)
+    _install()
+    if _state["model"] not in (None, name):
+        import jax
+
+        jax.clear_caches()
+    _state["model"] = name
+
+
+@contextlib.contextmanager
+def using(name: str):
+    """The model `name` inside the block, the previous one after it."""
+    prev = active()
+    activate(name)
+    try:
+        yield
+    finally:
+        activate(prev)
+
+
+# ------------------------------------------------------------------ precision -> passes
+def passes(lhs_dtype, rhs_dtype, precision) -> int:
+    """MXU passes of one dot on a TPU: 1, 3 or 6; 0 when it has no float32 operand (bf16 x bf16,
+    float64, integers: not rewritten)."""
+    import numpy as np
+
+    f32 = np.dtype("float32")
+    if f32 not in (np.dtype(lhs_dtype), np.dtype(rhs_dtype)):
+        return 0
+    return _precision_passes(precision)
+
+
+def _precision_passes(precision) -> int:
+    from jax import lax
+
+    if precision is None:
+        return 1
+    if isinstance(precision, tuple):
+        return max(_precision_passes(p) for p in precision)
+    if isinstance(precision, lax.Precision):
+        return {lax.Precision.DEFAULT: 1, lax.Precision.HIGH: 3, lax.Precision.HIGHEST: 6}[precision]
+    name = getattr(precision, "name", str(precision)).upper()
+    presets = {
+        "DEFAULT": 1,
+        "BF16_BF16_F32": 1,
+        "BF16_BF16_BF16": 1,
+        "BF16_BF16_F32_X3": 3,
+        "BF16_BF16_F32_X6": 6,
+        "F32_F32_F32": 6,
+    }
+    if name not in presets:
+        raise NotImplementedError(f"tpu-mxu-v1: dot algorithm {name} has no TPU model (known: {sorted(presets)})")
+    return presets[name]
+
+
+def _split(x, pieces: int):
+    """x (float32) as `pieces` bfloat16-valued float32 terms (round to nearest even) whose sum
+    approximates x, largest first."""
+    import jax.numpy as jnp
+
+    out, rest = [], x
+    for _ in range(pieces):
+        p = rest.astype(jnp.bfloat16).astype(jnp.float32)
+        out.append(p)
+        rest = rest - p
+    return out
+
+
+# terms (i, j) of the split products each pass count sums, smallest first as XLA's bf16_nx do
+_TERMS = {1: [(0, 0)], 3: [(1, 0), (0, 1), (0, 0)], 6: [(2, 0), (0, 2), (1, 1), (1, 0), (0, 1), (0, 0)]}
+
+
+def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passes: int):
+    """The TPU's float32 dot as a sum of passes, each a float32 dot of bfloat16-valued operands
+    (products of two bfloat16 numbers are exact in float32; sums in float32). Lowered with
+    the rule bypassed (`_state["inner"]`), so each pass is XLA:CPU's own float32 dot."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    f32 = jnp.float32
+    pieces = {1: 1, 3: 2, 6: 3}[n_passes]
+    # a bfloat16 operand is exact already: one piece
+    a = _split(lhs.astype(f32), pieces) if lhs.dtype != jnp.bfloat16 else [lhs.astype(f32)]
+    b = _split(rhs.astype(f32), pieces) if rhs.dtype != jnp.bfloat16 else [rhs.astype(f32)]
+    total = None
+    for i, j in _TERMS[n_passes]:
+        if i >= len(a) or j >= len(b):
+            continue
+        part = lax.dot_general(
+            a[i], b[j], dimension_numbers, precision=lax.Precision.HIGHEST, preferred_element_type=f32
+        )
+        total = part if total is None else total + part
+    out_dtype = preferred_element_type or jnp.result_type(lhs, rhs)
+    return total.astype(out_dtype)
+
+
+def _install() -> None:
+    if _state["installed"]:
+        return
+    from jax._src.interpreters import mlir
+    from jax._src.lax import lax as lax_internal
+
+    original = functools.partial(lax_internal._dot_general_lower, platform="cpu")
+
+    def rule(ctx, lhs, rhs, *, dimension_numbers, precision, preferred_element_type, out_sharding=None, **kw):
+        a_in, b_in = ctx.avals_in
+        model_on = _state["model"] == "tpu-mxu-v1" and not _state["inner"]
+        n = passes(a_in.dtype, b_in.dtype, precision) if model_on else 0
+        params = dict(
+            dimension_numbers=dimension_numbers,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+            **kw,
+        )
+        if n == 0:
+            return original(ctx, lhs, rhs, **params)
+        fn = functools.partial(
+            emulated_dot, n_passes=n, dimension_numbers=dimension_numbers, preferred_element_type=preferred_element_type
+        )
+        _state["inner"] = True
+        try:
+            return mlir.lower_fun(fn, multiple_results=False)(ctx, lhs, rhs)
+        finally:
+            _state["inner"] = False
+
+    mlir.register_lowering(lax_internal.dot_general_p, rule, platform="cpu")
+    _state["installed"] = True

@@ -1,0 +1,12 @@
+"""Layer 1, the model: what the harness speaks of, with no behaviour of its own.
+
+    spec.py             backend specs (oracle, fla, pallas, mutant:NAME, NAME=FRAMEWORK:MODULE:FUNCTION),
+                        sides, statuses, Unsupported, KernelCall (standard library only: the
+                        pytest plugin reads names from it in every session)
+    kernels.py          which kernels_jax function each built-in candidate calls for an op
+    targets.py          the TPU targets (v4, v5e, v5p, v6e, tpu7x) and their topologies
+    host.py             what this host has: a TPU attached, libtpu installed
+
+Imports: the standard library, `cases` (kernels.py) and, when a kernel is asked for, `kernels_jax`;
+nothing else of `parity`.
+"""

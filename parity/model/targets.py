@@ -1,0 +1,42 @@
+"""The TPU targets the real TPU compiler compiles for (parity.execute.tpu_compile), by short name."""
+
+from __future__ import annotations
+
+from parity.model.host import libtpu_version
+
+# short name -> topology (compile-only devices; device kinds "TPU v4", "TPU v5 lite", "TPU v5",
+# "TPU v6 lite", "TPU7x")
+TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "tpu7x": "tpu7x:2x2x1"}
+DEFAULT_TARGETS = ("v5e", "v6e", "tpu7x")
+
+
+def parse_targets(text: str | None) -> tuple[str, ...]:
+    """'v5e,v6e' -> ('v5e', 'v6e'); 'none' or '' -> (); None -> the default for this machine."""
+    if text is None:
+        return default_targets()
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names in ([], ["none"]):
+        return ()
+    bad = [t for t in names if t not in TARGETS]
+    if bad:
+        raise ValueError(
+            f"--tpu-targets {text!r}: {bad[0]!r} is not a target: expected 'none' or a "
+            f"comma-separated list of {list(TARGETS)}"
+        )
+    if libtpu_version() is None:
+        raise ValueError(
+            f"--tpu-targets {text!r}: libtpu is not installed (pip install 'jax[tpu]', "
+            "the version jax pins), so nothing can compile for TPU here; use --tpu-targets none"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def default_targets() -> tuple[str, ...]:
+    """v5e, v6e and TPU7x where libtpu is installed and no TPU is attached; none otherwise (on a
+    TPU the kernels compile for the TPU they run on)."""
+    if libtpu_version() is None:
+        return ()
+    # late: asking jax for its devices initialises jax (heavy), only when targets are defaulted
+    from kernels_jax.common.platform import on_tpu
+
+    return () if on_tpu() else DEFAULT_TARGETS

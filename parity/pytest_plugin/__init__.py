@@ -1,0 +1,168 @@
+"""The parity pytest plugin: markers, `--parity-*` options, registry-driven parity tests and
+the session gate. Installed with the package (entry point `pytest11`, so any directory's
+pytest finds it); this checkout's root conftest.py loads it when the package is not installed.
+
+    pytest -m interpret --parity-suite smoke   FLA and Pallas through their CPU interpreters
+    pytest -m gpu --parity-suite ci            FLA compiled on CUDA (skips without a GPU)
+    pytest -m tpu --parity-suite ci            Pallas compiled on TPU (skips without a TPU)
+
+A test module asks for the fixtures `parity_case` (one test per selected case) and
+`parity_check(case, marker)`:
+
+    @pytest.mark.interpret
+    def test_interpret(parity_case, parity_check):
+        parity_check(parity_case, "interpret")
+
+Markers and the built-in backends they run (`--parity-backends` keeps a subset), besides
+the `--parity-candidate` kernels (not on gpu):
+    interpret  oracle, fla (Triton interpreter), pallas, pallas-fused (TPU interpret mode)
+    gpu        oracle, fla compiled on CUDA
+    tpu        oracle, pallas, pallas-fused compiled on TPU
+interpret and tpu tests also compile their jax candidates for TPU targets
+(`--parity-tpu-targets`). Records go to `--parity-report-dir`; the gate over this session's
+records is printed in the terminal summary and fails the session when it fails.
+
+Only the standard library, pytest and parity.model.spec are imported at startup (here and in
+the submodules below): jax, torch, fla and the harness are imported inside the functions
+the hooks call when parity tests run, so the plugin costs nothing in other test suites.
+Where no CUDA device exists it sets TRITON_INTERPRET=1 at configure (FLA's kernels must be
+built for the Triton interpreter before fla is first imported).
+
+This module holds the hooks and the fixture; what they call: options (the `--parity-*`
+options), devices (CUDA and TPU probes), checks (a case through a marker's backends and the
+explanation of what failed), session (the manifests and the session gate) and fuzz
+(`--parity-fuzz`, run by tests/test_fuzz.py::test_fuzz_search).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+
+import pytest
+
+from parity.pytest_plugin.checks import check_case, explain, reference_findings, select_cases
+from parity.pytest_plugin.devices import cuda_missing, no_cuda_device, tpu_missing
+from parity.pytest_plugin.options import (
+    DEFAULT_REPORT_DIR,
+    MODE_BACKENDS,
+    add_options,
+    bound_factor,
+    refuse_bad_options,
+    report_dir,
+    session_specs,
+    session_targets,
+)
+from parity.pytest_plugin.session import session_gate, write_session_manifests
+
+MARKERS = {
+    "gpu": "FLA Triton kernels compiled on a CUDA GPU",
+    "tpu": "kernels_jax Pallas kernels compiled on a TPU",
+    "interpret": "FLA and Pallas kernels through their CPU interpreters (Triton interpreter, TPU interpret mode)",
+    "slow": "long-running; excluded from the default unit-test pass",
+}
+_GATE = pytest.StashKey[tuple[str, bool]]()
+
+
+class ReferenceFinding(UserWarning):
+    """FLA (the reference) outside its own tolerance or non-finite: a finding, not a failure."""
+
+
+# ---------------------------------------------------------------------------------------- hooks
+
+
+def pytest_addoption(parser):
+    add_options(parser)
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    refuse_bad_options(config)
+    # one id for the whole session, inherited by xdist workers through the environment
+    os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
+    if no_cuda_device():
+        # FLA's kernels must be built for the Triton interpreter: ask before any test imports fla
+        # (parity.execute.backends.triton_interpreter.request(), without importing the harness here)
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_generate_tests(metafunc):
+    if "parity_case" in metafunc.fixturenames:
+        opt = metafunc.config.getoption
+        cases = select_cases(opt("parity_suite"), opt("parity_cases"), opt("parity_op"))
+        metafunc.parametrize("parity_case", cases, ids=[c.id for c in cases])
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and cuda_missing():
+        pytest.skip(cuda_missing())
+    if item.get_closest_marker("tpu") and tpu_missing():
+        pytest.skip(tpu_missing())
+
+
+@pytest.fixture
+def parity_check(request):
+    """parity_check(case, marker): run the case through the marker's backends and fail with
+    the full explanation (tensor, epsilons, tolerance, bound, worst element, repro)."""
+    config = request.config
+
+    def check(case, mode):
+        problems, no_kernel, findings = check_case(
+            case,
+            mode,
+            session_specs(config, mode),
+            report_dir(config),
+            os.environ["PARITY_RUN_ID"],
+            bound_factor(config),
+            session_targets(config, mode),
+        )
+        for f in findings:
+            warnings.warn(ReferenceFinding(f), stacklevel=2)
+        if problems:
+            pytest.fail("\n\n".join(problems), pytrace=False)
+        if no_kernel:  # not a pass: the kernel is an open issue
+            pytest.xfail(f"no candidate kernel for this case: {no_kernel}")
+
+    return check
+
+
+def pytest_collection_finish(session):
+    """The manifest of what the selected parity tests will write (parity gate refuses what is missing)."""
+    write_session_manifests(session.items, session.config, os.environ["PARITY_RUN_ID"])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # xdist worker: the controller gates
+        return
+    out = report_dir(session.config)
+    if not out.exists():
+        return
+    text, ok = session_gate(out, os.environ["PARITY_RUN_ID"], bound_factor(session.config))
+    if text:
+        session.config.stash[_GATE] = (text, ok)
+    if ok is False and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    gate = config.stash.get(_GATE, None)
+    if gate is not None:
+        terminalreporter.write_sep("=", "parity gate")
+        terminalreporter.write_line(gate[0])
+
+
+__all__ = [
+    "MARKERS",
+    "MODE_BACKENDS",
+    "DEFAULT_REPORT_DIR",
+    "ReferenceFinding",
+    "check_case",
+    "explain",
+    "reference_findings",
+    "select_cases",
+    "session_specs",
+    "session_gate",
+    "write_session_manifests",
+]

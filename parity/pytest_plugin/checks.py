@@ -1,0 +1,136 @@
+"""What the `parity_case` and `parity_check` fixtures do: the selected cases (select_cases), and
+one case run through a marker's backends (check_case) with every problem explained (explain)
+and FLA's own failures reported as findings (reference_findings). The harness is imported
+inside these functions: they run only when parity tests do."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from parity.model.spec import REFERENCE  # standard library only (the backend spec's parser)
+
+
+def select_cases(suite: str | None, cases_file: str | None, op: str | None) -> list:
+    """The cases of --parity-cases (a file) or --parity-suite (default smoke), of one op if given."""
+    from cases import OPS, get_suite, load_cases_file  # late: the case registry (numpy), for parity tests only
+
+    cases = load_cases_file(cases_file) if cases_file else get_suite(suite or "smoke")
+    if op:
+        if op not in OPS:
+            raise ValueError(f"--parity-op {op!r}: expected one of {list(OPS)}")
+        cases = [c for c in cases if c.op == op]
+    return cases
+
+
+@functools.cache
+def _backends(specs: tuple[str, ...]) -> dict:
+    from parity.execute.case import build_backends  # late: heavy (jax, torch), only when parity tests run
+
+    return build_backends(list(specs))
+
+
+def _fmt(x) -> str:
+    return "nan/inf" if x is None else f"{x:.3g}"
+
+
+def explain(case, records: dict[str, dict], gate: dict | None) -> list[str]:
+    """One paragraph per problem: tensor, both epsilons, tolerance, bound, worst element,
+    where each side ran, and the command that reproduces just this case."""
+    from parity.measure.compare import describe_localisation  # late: numpy, only when parity tests run
+
+    ref = records.get(REFERENCE)
+    problems = []
+    for name, rec in records.items():
+        if rec["side"] == "oracle":
+            continue
+        where = f"{name} ran on {rec.get('platform') or '?'}"
+        if rec["status"] in ("error", "timeout"):
+            error = (rec.get("error") or "").strip()[:1500]
+            problems.append(f"[{name}] {rec['status']}: {error}\n  {where}\n  repro: {rec['repro']}")
+            continue
+        if rec["side"] == "reference":  # its tensors' verdicts are findings, not failures
+            continue
+        for tname, t in rec.get("tensors", {}).items():
+            bound_entry = None
+            if gate and rec["side"] == "candidate":
+                for c in gate["cases"]:
+                    if c["candidate"] == name:
+                        bound_entry = c["tensors"].get(tname)
+            verdict = (bound_entry or t)["verdict"] if bound_entry else t["verdict"]
+            if verdict in ("pass", "unsupported"):
+                continue
+            rt = (ref or {}).get("tensors", {}).get(tname, {})
+            w = (t.get("worst") or [{}])[0]
+            b = (bound_entry or {}).get("bound") or {}
+            rr = b.get("rel_rms") or {}
+            localisation = (bound_entry or {}).get("localisation") or t.get("localisation")
+            eps = f"  eps_{name} (rel_rms) = {_fmt(t.get('rel_rms'))}   eps_{REFERENCE} = {_fmt(rt.get('rel_rms'))}"
+            eps += f"   tol = {_fmt(t.get('tol'))}"
+            if rr:
+                eps += f"   bound limit = {_fmt(rr.get('limit'))} (factor {b.get('factor')})"
+            lines = [
+                f"[{name}] {tname}: {verdict}",
+                eps,
+                f"  max_abs = {_fmt(t.get('max_abs'))}  nan = {t.get('nan')}  inf = {t.get('inf')}",
+                f"  worst index {w.get('index')}: value {w.get('value')} oracle {w.get('oracle')}",
+                f"  localisation: {describe_localisation(localisation) or '-'}",
+                f"  {where}; {REFERENCE} ran on {(ref or {}).get('platform') or 'n/a'}",
+                f"  repro: {rec['repro']}",
+            ]
+            problems.append("\n".join(lines))
+    return problems
+
+
+def reference_findings(case, records: dict[str, dict]) -> list[str]:
+    """The reference's own tensors outside tolerance or non-finite: reported, never a test
+    failure (the gate then bounds nothing with a non-finite reference tensor)."""
+    out = []
+    for name, rec in records.items():
+        if rec["side"] != "reference":
+            continue
+        for tname, t in rec.get("tensors", {}).items():
+            if t.get("verdict") in ("fail-accuracy", "nan-inf"):
+                w = (t.get("worst") or [{}])[0]
+                out.append(
+                    f"{case.id}: reference {name} {tname} {t['verdict']} (rel_rms {_fmt(t.get('rel_rms'))}, "
+                    f"tol {_fmt(t.get('tol'))}, nan {t.get('nan')}, inf {t.get('inf')}, worst index "
+                    f"{w.get('index')}) on {rec.get('platform')}"
+                )
+    return out
+
+
+def check_case(
+    case,
+    mode: str,
+    specs: list[str],
+    report_dir: Path,
+    run_id: str,
+    factor: float,
+    tpu_targets: tuple[str, ...] = (),
+) -> tuple[list[str], str | None, list[str]]:
+    """Run `case` through the backend `specs` of a marker, compiling its jax candidates for
+    `tpu_targets`; returns (problems, why no candidate could run it or None, findings about
+    the reference)."""
+    # late: heavy (jax, torch, the harness), only when parity tests run
+    from parity.execute.case import run_case
+    from parity.judge.gate import GateRefusal, compile_problems, evaluate
+
+    recs, _, compiles = run_case(case, specs, _backends(tuple(specs)), report_dir, run_id, tpu_targets=tpu_targets)
+    by_backend = {r["backend"]: r for r in recs}
+    gate = None
+    if REFERENCE in by_backend and any(r["side"] == "candidate" for r in recs):
+        try:
+            gate = evaluate({case.id: by_backend}, factor)
+        except GateRefusal:
+            gate = None
+    cands = [r for r in recs if r["side"] == "candidate"]
+    problems = explain(case, by_backend, gate) + [
+        f"[{c['backend']}] {c['verdict']}: {line}\n  repro: {c['repro']}"
+        for c in compiles
+        for line in compile_problems(c)
+    ]
+    no_kernel = None
+    if cands and all(r["status"] == "unsupported" for r in cands):
+        no_kernel = "; ".join(f"{r['backend']}: {r.get('error')}" for r in cands)
+    return problems, no_kernel, reference_findings(case, by_backend)

@@ -1,0 +1,182 @@
+"""The plugin's `--parity-*` options: declared (add_options), refused at configure when they
+cannot be used (refuse_bad_options: pytest's usage error, exit 4), and read by the hooks
+(report_dir, bound_factor, session_specs, session_targets). Only the standard library, pytest
+and parity.model.spec at import: what checks a value is imported when that option is given."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+
+from parity.model.spec import REFERENCE  # standard library only (the backend spec's parser)
+
+# marker -> the built-in backend specs it runs (candidates are added on interpret and tpu)
+MODE_BACKENDS = {
+    "interpret": ["oracle", REFERENCE, "pallas", "pallas-fused"],
+    "gpu": ["oracle", REFERENCE],
+    "tpu": ["oracle", "pallas", "pallas-fused"],
+}
+DEFAULT_REPORT_DIR = "reports/pytest"
+
+
+def add_options(parser) -> None:
+    g = parser.getgroup("parity", "linear-attention parity tests (linattn-parity)")
+    g.addoption("--parity-suite", default=None, help="case suite for the parity tests (default smoke)")
+    g.addoption(
+        "--parity-cases", default=None, metavar="FILE", help="JSON file of case dicts or ids (instead of a suite)"
+    )
+    g.addoption("--parity-op", default=None, help="only cases of this op")
+    g.addoption(
+        "--parity-report-dir",
+        default=DEFAULT_REPORT_DIR,
+        metavar="DIR",
+        help=f"where parity tests write their records (default {DEFAULT_REPORT_DIR})",
+    )
+    g.addoption(
+        "--parity-candidate",
+        action="append",
+        default=[],
+        metavar="NAME=FRAMEWORK:MODULE:FUNCTION",
+        help="a kernel to test (FRAMEWORK jax, pallas or torch; MODULE importable from the current "
+        "directory); repeatable",
+    )
+    g.addoption(
+        "--parity-backends",
+        default=None,
+        metavar="LIST",
+        help="keep only these built-in backends in each marker's set (e.g. oracle,fla); default all of them",
+    )
+    g.addoption(
+        "--parity-bound-factor",
+        default=None,
+        metavar="F",
+        help="eps_candidate <= F * eps_reference + floor (default 1)",
+    )
+    g.addoption(
+        "--parity-fuzz",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="run tests/test_fuzz.py::test_fuzz_search: parity fuzz of each op for SECONDS against pallas "
+        "(or the first --parity-candidate)",
+    )
+    g.addoption(
+        "--parity-tpu-targets",
+        default=None,
+        metavar="LIST",
+        help="compile the jax candidates of interpret and tpu tests for these TPU targets (v4, v5e, v5p, v6e, "
+        "tpu7x) or 'none'; default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached",
+    )
+
+
+def fail_usage(option: str, value, allowed: str) -> None:
+    raise pytest.UsageError(f"--{option} {value!r}: expected {allowed}")
+
+
+def refuse_bad_options(config) -> None:
+    """One line naming the option and the allowed values for anything given that cannot be used
+    (pytest then exits 4, its usage-error code); nothing heavy is imported unless it is given."""
+    opt = config.getoption
+    _refuse_path_as_rootdir(config)
+    if opt("parity_bound_factor") is not None:
+        bound_factor(config)
+    if opt("parity_suite") is not None:
+        from cases import SUITES  # late: the case registry (numpy), only when the option is given
+
+        if opt("parity_suite") not in SUITES:
+            fail_usage("parity-suite", opt("parity_suite"), f"one of {list(SUITES)}")
+    if opt("parity_op") is not None:
+        from cases import OPS  # late: the case registry (numpy), only when the option is given
+
+        if opt("parity_op") not in OPS:
+            fail_usage("parity-op", opt("parity_op"), f"one of {list(OPS)}")
+    if opt("parity_cases") is not None and not Path(opt("parity_cases")).is_file():
+        fail_usage("parity-cases", opt("parity_cases"), "a JSON file of case dicts or ids")
+    if opt("parity_backends") is not None:
+        kept_builtins(config)
+    if opt("parity_candidate"):
+        # late: the harness's spec parser, only when --parity-candidate is given
+        from parity.execute.backends import SpecError, parse_candidate
+
+        for spec in opt("parity_candidate"):
+            try:
+                parse_candidate(spec)
+            except SpecError as e:
+                raise pytest.UsageError(str(e).replace("--candidate", "--parity-candidate", 1)) from None
+    if opt("parity_tpu_targets") is not None:
+        tpu_targets(opt("parity_tpu_targets"))
+
+
+def _refuse_path_as_rootdir(config) -> None:
+    """pytest picks its rootdir and ini file from the free arguments before any plugin's options
+    are known, so `--parity-report-dir DIR` (two words, DIR existing) made DIR a test path there:
+    without an ini file above the current directory, the rootdir comes from DIR and conftest.py
+    files above it are not loaded. Refused with the spelling that works (`--parity-report-dir=DIR`)."""
+    args = list(config.invocation_params.args)
+    here = config.invocation_params.dir
+    if config.inipath is not None and config.inipath.parent in (here, *here.parents):
+        return
+    for name in ("--parity-report-dir", "--parity-cases"):
+        for i, a in enumerate(args[:-1]):
+            value = args[i + 1]
+            if a == name and Path(value).exists():
+                raise pytest.UsageError(
+                    f"{name} {value}: pytest took {value!r} for a test path when it chose its rootdir "
+                    f"({config.rootpath}); write {name}={value}"
+                )
+
+
+def bound_factor(config) -> float:
+    text = config.getoption("parity_bound_factor")
+    if text is None:
+        return 1.0
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = math.nan
+    if not (math.isfinite(factor) and factor >= 0):
+        fail_usage("parity-bound-factor", text, "a finite number >= 0")
+    return factor
+
+
+def kept_builtins(config) -> set[str] | None:
+    """The built-in backends --parity-backends keeps, or None for all of them."""
+    text = config.getoption("parity_backends")
+    if text is None:
+        return None
+    from parity.execute.backends import BUILTIN  # late: the harness, only when --parity-backends is given
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in BUILTIN]
+    if not names or bad:
+        fail_usage("parity-backends", text, f"a comma-separated list of {list(BUILTIN)}")
+    return set(names)
+
+
+def report_dir(config) -> Path:
+    return Path(config.getoption("parity_report_dir"))
+
+
+def session_specs(config, mode: str) -> list[str]:
+    """The backend specs a marker's tests run: its built-ins kept by --parity-backends, then
+    the candidates (none on gpu, which runs the reference only)."""
+    kept = kept_builtins(config)
+    builtins = [s for s in MODE_BACKENDS[mode] if kept is None or s in kept]
+    return builtins + ([] if mode == "gpu" else list(config.getoption("parity_candidate")))
+
+
+def session_targets(config, mode: str) -> tuple[str, ...]:
+    return () if mode == "gpu" else tpu_targets(config.getoption("parity_tpu_targets"))
+
+
+@functools.cache
+def tpu_targets(text: str | None) -> tuple[str, ...]:
+    from parity.model.targets import parse_targets  # late: the TPU target table, only when parity tests run
+
+    try:
+        return parse_targets(text)
+    except ValueError as e:
+        raise pytest.UsageError(str(e).replace("--tpu-targets", "--parity-tpu-targets")) from None

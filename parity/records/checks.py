@@ -1,0 +1,122 @@
+"""The checks a reader makes of a record before trusting it: each field of a result or compile
+record has the type the gate, the report and calibrate read, else RecordError names the file and field."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from cases import Case, CaseError
+from parity.model.spec import SIDES, STATUSES
+from parity.records.schema import SCHEMA_VERSION, VERDICT_ORDER, RecordError, compile_verdict
+
+_NUMBER_KEYS = (
+    "rel_rms",
+    "max_abs",
+    "max_abs_over_rms",
+    "max_ulp",
+    "oracle_rms",
+    "oracle_max_abs",
+    "floor_rel",
+    "floor_abs",
+    "tol",
+    "rms",
+)
+_COUNT_KEYS = ("nan", "inf", "oracle_nonfinite", "nonfinite")
+_GRID_KEYS = ("profile", "heatmap", "row_heatmap", "sequences")
+
+
+def field_error(path, field: str, value, allowed: str):
+    """Raise the RecordError of a bad field: the file, the field, its value, what is allowed."""
+    raise RecordError(f"{path}: field {field}={str(value)[:80]!r} is invalid: expected {allowed}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _grid_ok(v) -> bool:
+    if v is None or _is_number(v):
+        return True
+    return isinstance(v, list) and all(_grid_ok(x) for x in v)
+
+
+def check_compile(rec: dict, path: Path | str = "record") -> None:
+    """RecordError unless a compile record has what the gate and the report read: schema,
+    case, backend, per target `ok` (a bool) and, when not ok, an error, and the verdict those
+    targets imply (tpu_compile.compile_verdict): readers then trust the verdict field."""
+    if rec.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema {rec.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
+    for f in ("case_id", "backend", "created", "run_id", "repro"):
+        if not isinstance(rec.get(f), str):
+            field_error(path, f, rec.get(f), "a string")
+    if rec.get("verdict") not in ("pass", "compile-error", "numerics-mismatch"):
+        field_error(path, "verdict", rec.get("verdict"), "one of ['pass', 'compile-error', 'numerics-mismatch']")
+    targets = rec.get("targets")
+    if not isinstance(targets, dict) or not targets:
+        field_error(path, "targets", targets, "an object of target -> compile result")
+    for t, r in targets.items():
+        if not isinstance(r, dict) or not isinstance(r.get("ok"), bool):
+            field_error(path, f"targets.{t}.ok", (r or {}).get("ok") if isinstance(r, dict) else r, "true or false")
+        if not r["ok"] and not isinstance(r.get("error"), str):
+            field_error(path, f"targets.{t}.error", r.get("error"), "a string (the compiler's message)")
+    implied = compile_verdict(targets)
+    if rec["verdict"] != implied:
+        field_error(path, "verdict", rec["verdict"], f"{implied!r}, the verdict its targets imply")
+
+
+def check_result(rec: dict, path: Path | str = "record") -> None:
+    """RecordError (naming the file and field) unless `rec` has the fields the gate, the
+    report and calibrate read, with their types: numbers finite or null, counts ints,
+    verdicts and statuses known, the case a valid Case. (That case_id is the case's id and
+    the file's name is the gate's check, parity.judge.load: the report shows any string safely.)"""
+
+    def bad(field, value, allowed):
+        field_error(path, field, value, allowed)
+
+    if rec.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema {rec.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
+    for f in ("case_id", "backend", "created", "run_id", "repro"):
+        if not isinstance(rec.get(f), str):
+            bad(f, rec.get(f), "a string")
+    for f in ("input_hash", "platform", "implementation", "error"):
+        if rec.get(f) is not None and not isinstance(rec.get(f), str):
+            bad(f, rec.get(f), "a string or null")
+    if rec.get("side") not in SIDES:
+        bad("side", rec.get("side"), f"one of {list(SIDES)}")
+    if rec.get("status") not in STATUSES:
+        bad("status", rec.get("status"), f"one of {list(STATUSES)}")
+    if rec.get("verdict") not in VERDICT_ORDER:
+        bad("verdict", rec.get("verdict"), f"one of {list(VERDICT_ORDER)}")
+    for f in ("kernel_time_s", "wall_time_s"):
+        if rec.get(f) is not None and not _is_number(rec[f]):
+            bad(f, rec[f], "a finite number or null")
+    for f in ("versions", "notes"):
+        if not isinstance(rec.get(f, {}), dict):
+            bad(f, rec[f], "an object")
+    if not isinstance(rec.get("case"), dict):
+        bad("case", rec.get("case"), "a case object")
+    try:
+        Case.from_dict(rec["case"])
+    except (CaseError, TypeError) as e:
+        bad("case", rec["case"], f"a valid case ({e})")
+    tensors = rec.get("tensors")
+    if not isinstance(tensors, dict):
+        bad("tensors", tensors, "an object of tensor name -> metrics")
+    for name, t in tensors.items():
+        if not isinstance(t, dict):
+            bad(f"tensors.{name}", t, "an object of metrics")
+        if t.get("verdict") not in VERDICT_ORDER:
+            bad(f"tensors.{name}.verdict", t.get("verdict"), f"one of {list(VERDICT_ORDER)}")
+        for k in _NUMBER_KEYS:
+            if t.get(k) is not None and not _is_number(t[k]):
+                bad(f"tensors.{name}.{k}", t[k], "a finite number or null")
+        for k in _COUNT_KEYS:
+            if k in t and not (isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 0):
+                bad(f"tensors.{name}.{k}", t[k], "a count (int >= 0)")
+        for k in _GRID_KEYS:
+            if not _grid_ok(t.get(k)):
+                bad(f"tensors.{name}.{k}", t[k], "nested lists of finite numbers or null")
+        for k in ("worst", "localisation"):
+            if k in t and not isinstance(t[k], (list, dict)):
+                bad(f"tensors.{name}.{k}", t[k], "a list or object")

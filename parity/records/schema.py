@@ -1,0 +1,124 @@
+"""The shape of the records under a run directory: the schema version, the typed fields of a
+result and a compile record, and the verdicts, worst first."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+SCHEMA_VERSION = 1
+
+
+class TensorMetrics(TypedDict, total=False):
+    """A candidate's or the reference's tensor against the oracle (parity.measure.compare.compare_tensor);
+    a tensor the backend does not return has only verdict "unsupported" and reason."""
+
+    verdict: str  # one of VERDICT_ORDER
+    reason: str  # why unsupported
+    dtype: str
+    shape: list[int]
+    rel_rms: float | None  # ||x - r|| / ||r|| (rms((x - r) / error_scale) given one); null when NaN/Inf
+    error_scale: list[float]  # dg_gamma: per head, what its error is measured against (references.error_scales)
+    max_abs: float
+    max_abs_over_rms: float | None
+    max_ulp: float
+    nan: int
+    inf: int
+    oracle_nonfinite: int
+    oracle_rms: float
+    oracle_max_abs: float
+    floor_rel: float
+    floor_abs: float
+    tol: float  # parity.measure.tol.tol(case, tensor)
+    worst: list[dict]  # [{"index", "value", "oracle"}], worst first
+    profile: list  # error per chunk along T (or per state row)
+    heatmap: list
+    row_heatmap: list
+    sequences: list | None
+    localisation: dict
+    rms: float  # the oracle's own records: its rms and non-finite count
+    nonfinite: int
+
+
+class ResultRecord(TypedDict, total=False):
+    """DIR/<backend>/<case_id>.json (kind "result"), checked on read by check_result."""
+
+    schema: int
+    kind: str  # "result"
+    run_id: str
+    case_id: str
+    case: dict  # cases.Case.to_dict()
+    input_hash: str | None
+    oracle_version: Any
+    tol_version: str
+    backend: str  # BackendSpec.name
+    side: str  # "oracle", "reference" or "candidate"
+    host: str
+    created: str  # %Y-%m-%dT%H:%M:%S%z: of two records the later wins (load_latest)
+    repro: str  # the `parity run` command that reruns this case and backend
+    status: str  # ok, error, timeout, unsupported
+    verdict: str  # one of VERDICT_ORDER
+    platform: str  # where it really ran, e.g. 'cpu:tpu-interpret'
+    implementation: str
+    versions: dict[str, str]
+    numerics: str
+    kernel_time_s: float | None
+    wall_time_s: float | None
+    error: str | None
+    notes: dict[str, Any]
+    tensors: dict[str, TensorMetrics]  # the oracle's: shape, rms, max_abs, nonfinite, verdict
+    encoded_nonfinite: list[str]
+
+
+class CompileRecord(TypedDict, total=False):
+    """DIR/<backend>/<case_id>.compile.json (kind "compile", parity.execute.tpu_compile), checked by check_compile."""
+
+    schema: int
+    kind: str  # "compile"
+    run_id: str
+    case_id: str
+    case: dict
+    backend: str
+    created: str
+    repro: str
+    verdict: str  # pass, compile-error or numerics-mismatch (compile_verdict of targets)
+    targets: dict[str, dict]  # target -> {"ok": bool, "error": str, "seconds", "mosaic", "numerics", ...}
+
+
+ByCase = dict[str, dict[str, ResultRecord]]  # case_id -> backend -> record
+
+
+# worst first: the verdict of a case is the worst verdict of its tensors
+VERDICT_ORDER = (
+    "error",
+    "timeout",
+    "compile-error",
+    "numerics-mismatch",
+    "nan-inf",
+    "fail-accuracy",
+    "fail-bound",
+    "unsupported",
+    "pass",
+)
+
+
+def worst_verdict(verdicts) -> str:
+    verdicts = list(verdicts)
+    return min(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
+
+
+def compile_verdict(results: dict) -> str:
+    """compile-error when any target failed; numerics-mismatch when the compiled module's
+    matmuls disagree with the numerics model (or could not be read); pass otherwise."""
+    if any(not r["ok"] for r in results.values()):
+        return "compile-error"
+    if any(
+        r.get("numerics", {}).get("mismatches") or "error" in r.get("numerics", {"error": "missing"})
+        for r in results.values()
+    ):
+        return "numerics-mismatch"
+    return "pass"
+
+
+class RecordError(ValueError):
+    """A file under a run directory that cannot be read, or a record of the wrong shape;
+    the message names the file and the field."""
