@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from parity.execute.backends.base import Backend, BackendResult, CompileSubject, Execution, Unsupported, execute
+from parity.execute.backends.base import Backend, BackendResult, CompileSubject, Execution, execute
 
 # every backend module is light at import: jax, torch, triton and fla load when a backend runs
 from parity.execute.backends.fla import FlaBackend
@@ -27,6 +27,7 @@ from parity.model.spec import (
     BackendSpec,
     KernelCall,
     SpecError,
+    Unsupported,
     as_spec,
     parse_backend_spec,
 )

@@ -17,9 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cases import Case
-from parity.model.spec import STATUSES, KernelCall, Unsupported
-
-__all__ = ["STATUSES", "Unsupported"]  # the model's, used here by every backend
+from parity.model.spec import KernelCall, Unsupported
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
-from parity.execute.backends.base import Unsupported
+from parity.model.spec import Unsupported
 
 GRAD_NAMES = {
     "q": "dq",

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
-from parity.execute.backends.base import CompileSubject, Execution, Unsupported
+from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import accepts, candidate_declines, check_candidate_supports, run_jax
 from parity.measure import tpu_numerics
 from parity.model.kernels import PALLAS_KERNELS, pallas_kernel
-from parity.model.spec import KernelCall, parse_backend_spec
+from parity.model.spec import KernelCall, Unsupported, parse_backend_spec
 
 
 def _tpu_present() -> bool:

@@ -7,9 +7,9 @@ import functools
 import numpy as np
 
 from cases import Case
-from parity.execute.backends.base import CompileSubject, Execution, Unsupported
+from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.jax_backends import PallasBackend
-from parity.model.spec import BackendSpec, KernelCall
+from parity.model.spec import BackendSpec, KernelCall, Unsupported
 from parity.mutants import BY_NAME
 
 
