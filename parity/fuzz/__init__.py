@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from parity.execute.proc import die_with_parent
-from parity.fuzz.config import DEFAULT_MAX_ELEMENTS, REFERENCE, FuzzConfig, applies_predicate, space_for
+from parity.fuzz.config import DEFAULT_MAX_ELEMENTS, FuzzConfig, applies_predicate, space_for
 from parity.fuzz.found import FOUND_FILE, append_found, read_found, save_found
 from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge
 from parity.fuzz.page import write_page
@@ -227,7 +227,6 @@ __all__ = [
     "read_found",
     "append_found",
     "DEFAULT_MAX_ELEMENTS",
-    "REFERENCE",
     "NOT_EVALUATED",
     "FOUND_FILE",
 ]

@@ -11,11 +11,11 @@ from cases.strategies import Space
 from parity.execute.backends import Unsupported, backend_name, make_backend
 from parity.execute.backends.jax_backends import PallasBackend
 from parity.execute.backends.mutant import MutantBackend
+from parity.model.spec import REFERENCE
 
 DEFAULT_MAX_ELEMENTS = 2**18  # a few seconds per example in TPU interpret mode on a CPU
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SHRINK_TIME_S = 300.0
-REFERENCE = "fla"
 
 
 @dataclasses.dataclass

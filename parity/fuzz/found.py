@@ -8,7 +8,8 @@ from pathlib import Path
 
 from cases import Case, CaseError, load_cases_file
 from parity.execute.backends import backend_name
-from parity.fuzz.config import REFERENCE, FuzzConfig
+from parity.fuzz.config import FuzzConfig
+from parity.model.spec import REFERENCE
 from parity.records import read_json, result_path, write_json
 from parity.records.manifest import write_manifest
 from parity.repro import write_repro

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 from cases import Case
-from parity.fuzz.config import REFERENCE
 from parity.judge.gate import GateRefusal, evaluate
+from parity.model.spec import REFERENCE
 from parity.records import RecordError, check_result, read_checked, result_path
 
 NOT_EVALUATED = ("unsupported", "oracle-failed")
