@@ -1,17 +1,39 @@
 #!/usr/bin/env bash
 # The tests: lint and format checks (ruff), the layer contracts over the real import graph
-# (import-linter; both configured in pyproject.toml), unit tests of every
-# part (the real TPU compiler included: every suite's kernels compiled for TPU targets, the
-# full suite on v5e, v6e and TPU7x), then the registry-driven parity tests of the ci suite
-# through the CPU interpreters (-m interpret) under the TPU numerics model, each case's kernels
-# compiled for v5e, with the gate at session end. Any failing step fails the run.
+# (import-linter; both configured in pyproject.toml), unit tests of every part (the real TPU
+# compiler included: every suite's kernels compiled for TPU targets, the full suite on v5e,
+# v6e and TPU7x), then the registry-driven parity tests of the ci suite through the CPU
+# interpreters (-m interpret) under the TPU numerics model, each case's kernels compiled for
+# v5e, with the gate at session end. Any failing step fails the run. At the end it prints the
+# wall time of each phase; the per-test timings (JUnit XML) stay in $PARITY_TIMING
+# (default reports/timing) for `python benchmarks/profile_ci.py`.
 # Usage: bash scripts/test.sh [extra pytest args]
+t_start=$(date +%s.%N)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
+TIMING="${PARITY_TIMING:-reports/timing}"
+mkdir -p "$TIMING"
+T=$'\t'
+phases=("set-up (venv, packages, chromium)$T$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')")
 status=0
-ruff check . || status=$?
-ruff format --check . || status=$?
-lint-imports || status=$?
-python -m pytest -n 2 -m "not interpret and not slow" tests "$@" || status=$?
-python -m pytest -n 2 -m interpret --parity-suite ci --parity-tpu-targets v5e tests "$@" || status=$?
+phase() {  # phase NAME CMD...: run CMD, note its wall time and exit status
+  local name=$1 t0 rc=0
+  shift
+  t0=$(date +%s.%N)
+  "$@" || rc=$?
+  phases+=("$name$T$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')$T${rc/#0/}")
+  [ "$rc" = 0 ] || status=$rc
+}
+phase "ruff check" ruff check .
+phase "ruff format" ruff format --check .
+phase "lint-imports" lint-imports
+phase "unit tests" python -m pytest -n 2 --dist worksteal -m "not interpret and not slow" \
+  --junitxml="$TIMING/unit.xml" tests "$@"
+phase "interpret parity" python -m pytest -n 2 --dist worksteal -m interpret --parity-suite ci \
+  --parity-tpu-targets v5e --junitxml="$TIMING/interpret.xml" tests "$@"
+phases+=("total$T$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')")
+printf '%s\n' "${phases[@]}" >"$TIMING/phases.txt"
+echo
+echo "wall time per phase (s); exit status if not 0:"
+awk -F'\t' '{printf "  %-36s %6s %s\n", $1, $2, $3}' "$TIMING/phases.txt"
 exit "$status"

@@ -7,6 +7,7 @@ oracle within the tolerance for every output and gradient, in float32 and bfloat
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 
@@ -149,6 +150,28 @@ def test_autotuner_takes_the_first_config_without_benchmarking():
     x = torch.zeros(8, dtype=torch.int32)
     _autotuned_kernel[(1,)](x, 8)  # benchmarking would need a GPU driver
     assert x[:4].tolist() == [4] * 4 and x[4:].tolist() == [0] * 4
+
+
+def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers(monkeypatch):
+    """Fix 4 skips re-patching triton.language at each @triton.jit helper call; FLA's kda
+    (helpers such as exp2 in every kernel, bf16 and the TF32 dots) computes the same bits as
+    with triton's own per-call patching."""
+    from triton.runtime import interpreter
+
+    case = Case("kda", 1, 40, 2, 32, 32, dtype="bfloat16", chunk_size=64, gate="g_logsig", h0=True, ht=True)
+    inputs = make_inputs(case)
+    scans = collections.Counter()  # triton.language scans (_patch_builtin) per run
+    scan = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda *a: scans.update([run]) or scan(*a))
+    run = "once per launch"
+    fast = FlaBackend().run(case, inputs).tensors
+    run = "at every helper call"
+    monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.original)
+    slow = FlaBackend().run(case, inputs).tensors
+    assert set(fast) == set(slow) == set(case.output_names())
+    for name in fast:
+        assert np.array_equal(fast[name], slow[name], equal_nan=True), name
+    assert 0 < 10 * scans["once per launch"] < scans["at every helper call"], scans
 
 
 SHAPE = dict(B=1, T=80, H=2, K=64, V=64, h0=True, ht=True)

@@ -3,7 +3,7 @@
 `TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but three things stop
 FLA's kernels from running or from computing the right numbers there (shared/DESIGN.md).
 `enable()` handles them by patching the imported triton classes at run time; no installed
-file is modified:
+file is modified (and makes the interpreter faster, 4.):
 
 1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
    first config that survives the kernel's own pruning is taken, without benchmarking.
@@ -17,6 +17,12 @@ file is modified:
    default input precision ("tf32", which FLA's kernels use) rounds its operands to
    TF32 (10 mantissa bits; by truncation, see TF32_ROUNDING) and accumulates in float32;
    "ieee" and "tf32x3" dots stay exact float32.
+4. Speed: every call of a `@triton.jit` helper from inside a kernel re-patches
+   triton.language for the interpreter (inspect.getmembers over tl, tl.core, tl.math, ...),
+   although the kernel's launch has patched it already and restores it when it ends: on
+   kda-fwdbwd-B2-T128-H2-K64-V64-fp32-C64-g_stress-h0-ht 17,504 such calls took 25 s of
+   FLA's 94 s (cProfile). A helper whose language modules the launch has patched now skips
+   it; what the kernel computes is unchanged (the same patched functions are in place).
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ def enable() -> None:
     _patch_autotuner(autotuner.Autotuner)
     _patch_range(interpreter)
     _patch_bfloat16(interpreter)
+    _patch_lang_once_per_launch(interpreter)
     _enabled = True
 
 
@@ -246,3 +253,42 @@ def _patch_bfloat16(interpreter) -> None:
     for ops, names in ((interpreter.ReduceOps, ("sum", "min_max")), (interpreter.ScanOps, ("cumsum", "cumprod"))):
         for name in names:
             setattr(ops, name, reduce_on_values(getattr(ops, name)))
+
+
+# 4. speed: patch triton.language once per kernel launch ----------------------------------
+
+
+def _patch_lang_once_per_launch(interpreter) -> None:
+    import inspect
+
+    import triton.language as tl
+
+    original = interpreter._patch_lang
+    launches: list[set[int]] = []  # per running launch: ids of the language modules it patched
+
+    class Launch:
+        """The launch's own patch scope; restoring it ends the launch."""
+
+        def __init__(self, scope, langs):
+            self.scope = scope
+            launches.append(langs)
+
+        def restore(self):
+            launches.pop()
+            self.scope.restore()
+
+    class AlreadyPatched:
+        def restore(self):
+            pass
+
+    def patch_lang(fn):
+        langs = {id(m) for m in fn.__globals__.values() if inspect.ismodule(m) and m in (tl, tl.core)}
+        if not launches:  # a kernel launch (GridExecutor): it restores the scope when it ends
+            return Launch(original(fn), langs)
+        if langs <= launches[-1]:  # a helper called inside the launch: nothing left to patch
+            return AlreadyPatched()
+        launches[-1] |= langs
+        return original(fn)  # as triton does: the helper's scope is never restored
+
+    patch_lang.original = original  # triton's own (tests compare the two)
+    interpreter._patch_lang = patch_lang
