@@ -126,3 +126,44 @@ def test_every_suite_case_has_a_pallas_kernel_to_compile_but_the_v512_ones():
         cases = get_suite(suite)
         without = [c.id for c in cases if not PallasBackend("pallas").applies_to_any([c])]
         assert len(without) <= 2 and all("-V512-" in c for c in without), (suite, without)
+
+
+@requires_libtpu
+def test_gate_refuses_a_missing_compile_record(tmp_path, capsys):
+    case = "simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-gamma_alibi"
+    assert main(["compile", "--case", case, "--tpu-targets", "v5e", "--out", str(tmp_path)]) == 0
+    assert main(["gate", str(tmp_path)]) == 0  # pallas and pallas-fused compiled
+    assert "TPU compile (on this host, nothing executed): 2 case/candidate pairs, 2 ok" in capsys.readouterr().out
+    (tmp_path / "pallas-fused" / f"{case}.compile.json").unlink()
+    assert main(["gate", str(tmp_path)]) == 2
+    assert f"{case} [pallas-fused] TPU compile" in capsys.readouterr().err
+
+
+@requires_libtpu
+def test_a_compile_record_whose_verdict_its_targets_contradict_is_refused(tmp_path, capsys):
+    """The gate and the page trust a compile record's verdict; the reader holds it to its targets."""
+    spec = "bad=pallas:tests.tpu_candidates:bf16_fp32_contract"
+    assert (
+        main(
+            [
+                "compile",
+                "--case",
+                BF16,
+                "--candidate",
+                spec,
+                "--backends",
+                "pallas",
+                "--tpu-targets",
+                "v5e",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
+    path = tmp_path / "bad" / f"{BF16}.compile.json"
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "verdict": "pass"}))  # claims a pass over a failed target
+    capsys.readouterr()
+    assert main(["gate", str(tmp_path)]) == 2
+    assert "field verdict='pass' is invalid: expected 'compile-error'" in capsys.readouterr().err
