@@ -128,6 +128,127 @@ def test_every_suite_case_has_a_pallas_kernel_to_compile_but_the_v512_ones():
         assert len(without) <= 2 and all("-V512-" in c for c in without), (suite, without)
 
 
+# ------------------------------------------------------------------ kernels that ask the TPU who it is
+FWD = Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig")
+KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "tpu7x": "TPU7x"}
+
+
+@requires_libtpu
+@pytest.mark.parametrize("target", list(targets.DEFAULT_TARGETS))
+def test_kernels_that_ask_the_tpu_who_it_is_compile_for_the_target(target):
+    """jnp.sign and 1-D blocks (Mosaic's lowering asks get_tpu_info()) and a kernel choosing its
+    block from pltpu.get_tpu_info() compile: the target's device is the default while compiling
+    (with the CPU the default, the first fails: 'Unsupported TPU device kind: cpu')."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from tests import tpu_candidates
+
+    r = tpu_compile.compile_case(tpu_candidates.sign_1d, FWD, target)
+    assert r["ok"], r.get("error")
+    assert "sign_1d" in r["kernels"] and r["default_device"] == f"tpu:{KINDS[target]} (compile-only)"
+    r = tpu_compile.compile_case(tpu_candidates.tpu_info_block, FWD, target)
+    assert r["ok"] and "tpu_info_block" in r["kernels"], r.get("error")
+    seen = tpu_candidates.SEEN[-1]
+    assert seen["chip_version"] == {"v5e": "v5e", "v6e": "v6e", "tpu7x": "7x"}[target]
+    assert seen["block"] == (128 if target == "v5e" else 256) and seen["is_tpu_device"]
+    with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):
+        pltpu.get_tpu_info()  # the CPU is the default again
+
+
+VMEM_MESSAGES = {
+    "capacity": """RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem. Used 96.00M of 64.00M vmem. Exceeded vmem capacity by 32.00M.
+
+  Largest program allocations in vmem:
+
+  1. Size: 48.00M
+     Operator: op_name="jit(program)/jit(f)/my_kernel/pallas_call"
+     Shape: u8[50331648]{0}
+     Unpadded size: 48.00M
+     Tag: input window allocation for operator input 0. The window shape is f32[12288,1024], while the full shape is f32[24576,1024]. The u8 shape/size shown above represents the raw byte size of this window in VMEM. This allocation has 2 buffering levels.
+     XLA label: my_kernel.1 = custom-call(x.1), custom_call_target="tpu_custom_call"
+     ==========================
+""",
+    "scoped": """RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:
+Ran out of memory in memory space vmem while allocating on stack for %my_kernel.1 = f32[8192,1024]{1,0:T(8,128)} custom-call(%x.1), custom_call_target="tpu_custom_call", metadata={op_name="jit(f)/my_kernel/pallas_call" stack_frame_id=2}. Scoped allocation with size 64.00M and limit 16.00M exceeded scoped vmem limit by 48.00M.""",
+    "allocation": """RESOURCE_EXHAUSTED: Allocation (size=209715200) would exceed memory (size=134217728) :: #allocation2 [shape = 'f32[102400,512]{1,0:T(8,128)}', space=vmem, size = 0xc800000, scoped, tag = 'scratch operand'] :: my_kernel.1""",
+}
+
+
+def test_vmem_failure_reads_the_compilers_three_messages():
+    mib = 1 << 20
+    mosaic = {"my_kernel": {"vmem_bytes": 48 * mib}}
+    r = mosaic_llo.vmem_failure(VMEM_MESSAGES["capacity"], mosaic, 64 * mib, "TPU7x")
+    assert (r["kernel"], r["needed_bytes"], r["limit_bytes"], r["limit"], r["fits"]) == (
+        "my_kernel",
+        96 * mib,
+        64 * mib,
+        "capacity",
+        False,
+    )
+    assert r["buffers"] == [
+        {
+            "kernel": "my_kernel",
+            "bytes": 48 * mib,
+            "what": "input window allocation for operator input 0",
+            "shape": "f32[12288,1024]",
+            "buffering": 2,
+        }
+    ]
+    assert r["mosaic_vmem_bytes"] == 48 * mib and "TPU7x has 64.00 MiB (get_tpu_info): does not fit" in r["summary"]
+    r = mosaic_llo.vmem_failure(VMEM_MESSAGES["scoped"], {}, 128 * mib, "TPU v5 lite")
+    assert (r["kernel"], r["needed_bytes"], r["limit_bytes"], r["limit"], r["fits"]) == (
+        "my_kernel",
+        64 * mib,
+        16 * mib,
+        "scoped limit",
+        True,
+    )
+    assert r["mosaic_vmem_bytes"] is None and "fits: raise vmem_limit_bytes" in r["summary"]
+    r = mosaic_llo.vmem_failure(VMEM_MESSAGES["allocation"], {}, 128 * mib)
+    assert r["buffers"] == [
+        {"kernel": "my_kernel", "bytes": 200 * mib, "what": "scratch operand", "shape": "f32[102400,512]"}
+    ]
+    assert r["needed_bytes"] == 200 * mib and r["fits"] is False
+    unknown = mosaic_llo.vmem_failure("RESOURCE_EXHAUSTED: out of vmem, somehow", {"k": {"vmem_bytes": 1}}, 1)
+    assert unknown["fits"] is None and unknown["kernel"] == "k" and "does not know" in unknown["summary"]
+    assert all(mosaic_llo.is_vmem_error(m) for m in VMEM_MESSAGES.values())
+
+
+@requires_libtpu
+def test_a_kernel_asking_for_more_vmem_than_v5e_has_is_named_with_its_buffers(tmp_path, capsys):
+    spec = "hog=pallas:tests.tpu_candidates:vmem_hog"
+    argv = ["compile", "--case", FWD.id, "--candidate", spec, "--backends", "pallas", "--tpu-targets", "v5e"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "[VMEM: kernel vmem_hog needs 200.00 MiB of VMEM" in out and "does not fit" in out
+    v5e = json.loads((tmp_path / "hog" / f"{FWD.id}.compile.json").read_text())["targets"]["v5e"]
+    assert not v5e["ok"] and v5e["default_device"] == "tpu:TPU v5 lite (compile-only)"
+    vmem = v5e["vmem"]
+    assert vmem["kernel"] == "vmem_hog" and vmem["fits"] is False and vmem["limit"] == "capacity"
+    assert vmem["capacity_bytes"] == 128 << 20 and vmem["needed_bytes"] == 200 << 20
+    assert vmem["buffers"][0]["what"] == "scratch operand" and vmem["buffers"][0]["shape"] == "f32[102400,512]"
+    assert vmem["mosaic_vmem_bytes"] >= 200 << 20  # Mosaic's dump: the scratch and the (8, 512) blocks
+
+
+@requires_libtpu
+def test_a_kernel_over_the_scoped_vmem_limit_fits_v6e_but_not_tpu7x():
+    from tests import tpu_candidates
+
+    v6e = tpu_compile.compile_case(tpu_candidates.vmem_scoped, FWD, "v6e")["vmem"]
+    assert (v6e["kernel"], v6e["limit"], v6e["fits"], v6e["capacity_bytes"]) == (
+        "vmem_scoped",
+        "scoped limit",
+        True,
+        128 << 20,
+    )
+    tpu7x = tpu_compile.compile_case(tpu_candidates.vmem_scoped, FWD, "tpu7x")["vmem"]
+    assert (tpu7x["limit"], tpu7x["fits"], tpu7x["capacity_bytes"]) == ("capacity", False, 64 << 20)
+    assert {b["what"] for b in tpu7x["buffers"]} == {
+        "input window allocation for operator input 0",
+        "output window allocation for operator output 0",
+    }
+
+
 @requires_libtpu
 def test_gate_refuses_a_missing_compile_record(tmp_path, capsys):
     case = "simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-gamma_alibi"

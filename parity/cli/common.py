@@ -1,8 +1,9 @@
 """What several `parity` commands share: the refused-input error, the case selection and its
-options, the TPU target option, the output directory check and the HTML report."""
+options, the TPU target options, the output directory check and the HTML report."""
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -54,6 +55,24 @@ def tpu_options(sp) -> None:
         help=f"compile jax candidates for these TPU targets ({', '.join(TARGETS)}) or 'none'; "
         "default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached",
     )
+
+
+def interpret_as_option(sp) -> None:
+    sp.add_argument(
+        "--tpu-interpret-as",
+        type=interpret_target,
+        default=None,
+        metavar="TARGET",
+        help=f"off a TPU, jax candidates run in TPU interpret mode and pltpu.get_tpu_info() answers as this "
+        f"TPU ({', '.join(TARGETS)}); default the first of --tpu-targets, else v5e (parity.execute.tpu_identity)",
+    )
+
+
+def interpret_target(s: str) -> str:
+    """--tpu-interpret-as: one TPU target (argparse type: the parser prints one line, exit 2)."""
+    if s not in TARGETS:
+        raise argparse.ArgumentTypeError(f"{s!r} is invalid: expected one of {list(TARGETS)}")
+    return s
 
 
 def select_cases(a) -> list[Case]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from parity.cli import args as check
 from parity.cli.common import (
     UsageError,
+    interpret_as_option,
     prepare_out,
     select_cases,
     selection_options,
@@ -20,7 +21,9 @@ from parity.cli.common import (
 from parity.execute.backends import SpecError, check_specs_isolated
 from parity.execute.backends.jax_backends import PallasBackend
 from parity.execute.runner import RunConfig, run_cases, shard
+from parity.execute.tpu_identity import IDENTITIES, choose, exported
 from parity.judge.gate import GateRefusal, format_summary, run_gate
+from parity.model.host import tpu_attached
 from parity.records import RecordError
 
 DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
@@ -54,6 +57,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
     tpu_options(sp)
+    interpret_as_option(sp)
     sp.add_argument(
         "--tpu-numerics",
         default="",
@@ -77,23 +81,27 @@ def cmd_run(a) -> int:
         raise UsageError("no cases selected")
     targets = tpu_targets(a)
     out = prepare_out(a.out or Path(f"reports/{a.suite or 'run'}"))
+    # the TPU that interpret mode answers as (None: the workers' default, v5e); a TPU answers for itself
+    identity = None if tpu_attached() else choose(a.tpu_interpret_as, targets)
     print(
         f"parity run: {len(cases)} cases x {len(specs)} backends -> {out}"
-        + (f"; jax candidates compiled for TPU {','.join(targets)}" if targets else ""),
+        + (f"; jax candidates compiled for TPU {','.join(targets)}" if targets else "")
+        + (f"; TPU interpret mode answers as {identity[0]} ({IDENTITIES[identity[0]][0]})" if identity else ""),
         file=sys.stderr,
     )
-    summary = run_cases(
-        cases,
-        RunConfig(
-            out_dir=out,
-            backends=specs,
-            jobs=a.jobs,
-            timeout_s=a.timeout,
-            progress=not a.no_progress,
-            tpu_targets=targets,
-            numerics=a.tpu_numerics,
-        ),
-    )
+    with exported(identity):  # the workers read it (parity.execute.tpu_identity)
+        summary = run_cases(
+            cases,
+            RunConfig(
+                out_dir=out,
+                backends=specs,
+                jobs=a.jobs,
+                timeout_s=a.timeout,
+                progress=not a.no_progress,
+                tpu_targets=targets,
+                numerics=a.tpu_numerics,
+            ),
+        )
     _print_table(summary)
     if summary["interrupted"]:
         done = len({r["case_id"] for r in summary["results"]})

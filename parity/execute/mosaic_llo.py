@@ -4,7 +4,10 @@
 MXU matmul instructions by class (MATMUL_CLASSES); `model_matmuls` gives the classes the TPU
 numerics model (parity.measure.tpu_numerics) computes each Pallas kernel's dots in, and
 `numerics_check` compares the two per kernel. A dump this parser does not know raises
-LloFormatError, never reads as a pass. Used by the compile check (parity.execute.tpu_compile).
+LloFormatError, never reads as a pass. `vmem_failure` reads a compile that ran out of VMEM: the
+kernel, the buffers and sizes the compiler's message names, Mosaic's count of the kernel's VMEM
+operands (from its dump, when one was written) and whether the kernel fits the target's VMEM.
+Used by the compile check (parity.execute.tpu_compile).
 """
 
 from __future__ import annotations
@@ -130,3 +133,99 @@ def numerics_check(model: dict, compiled: dict) -> dict:
         if not agree:
             mismatches.append(f"{name}: model {sorted(want) or 'no dots'}, compiled {sorted(got) or 'no MXU matmul'}")
     return {"model": "tpu-mxu-v1", "kernels": kernels, "mismatches": mismatches}
+
+
+# ------------------------------------------------------------------ out of VMEM
+_SIZE = r"([\d.]+)([KMG]?)B?"  # XLA's sizes: "128.00M" is 128 MiB
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _bytes(number: str, unit: str) -> int:
+    return round(float(number) * _UNITS[unit])
+
+
+def _kernel(label: str) -> str:
+    """The kernel's name in an XLA label ('jit(f)/my_kernel/pallas_call', 'my_kernel.1')."""
+    m = re.search(r"([^/\s]+)/pallas_call", label)
+    return m.group(1) if m else re.sub(r"\.\d+$", "", label.lstrip("%"))
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+def is_vmem_error(message: str) -> bool:
+    return "RESOURCE_EXHAUSTED" in message and "vmem" in message.lower()
+
+
+def vmem_failure(message: str, mosaic: dict, capacity: int, device_kind: str = "the target") -> dict:
+    """A compile that ran out of VMEM (is_vmem_error), read from the compiler's message:
+        kernel           the Pallas kernel it names
+        needed_bytes     what the compiler says it needed (the program's VMEM, or the one
+                         allocation or scoped area that failed; XLA's "M" figures are MiB to
+                         two decimals), limit_bytes the limit it hit,
+                         limit "capacity" (the TPU's VMEM) or "scoped limit" (vmem_limit_bytes
+                         or XLA's default scoped limit, which CompilerParams can raise)
+        buffers          [{kernel, bytes, what, shape, buffering}] as the message lists them
+        mosaic_vmem_bytes  the kernel's VMEM operands (blocks once, scratch) in Mosaic's lowered
+                         module, when its dump was written (mosaic: parse_llo's, by kernel)
+        capacity_bytes   the target's VMEM per TensorCore as jax's get_tpu_info() states it
+        fits             needed_bytes <= capacity_bytes (None when the message was not read)
+        summary          one line
+    Three messages are known (libtpu 0.0.42): "Used 256.00M of 128.00M vmem" with the largest
+    allocations listed; "Scoped allocation with size 64.00M and limit 16.00M exceeded scoped vmem
+    limit"; "Allocation (size=N) would exceed memory (size=N) :: #allocation [shape, size, tag]"."""
+    buffers, needed, limit, kind = [], None, None, None
+    if m := re.search(rf"Used {_SIZE} of {_SIZE} vmem", message):
+        needed, limit, kind = _bytes(*m.groups()[:2]), _bytes(*m.groups()[2:]), "capacity"
+        for b in re.finditer(
+            rf"Size: {_SIZE}\s+Operator: op_name=\"([^\"]*)\"\s+Shape: \S+\s+(?:Unpadded size: \S+\s+)?Tag: ([^\n]*)",
+            message,
+        ):
+            tag = b.group(4)
+            shape = re.search(r"window shape is (\w+\[[\d,]*\])", tag)
+            levels = re.search(r"has (\d+) buffering levels", tag)
+            buffers.append(
+                {
+                    "kernel": _kernel(b.group(3)),
+                    "bytes": _bytes(b.group(1), b.group(2)),
+                    "what": tag.split(". ")[0],
+                    "shape": shape.group(1) if shape else None,
+                    "buffering": int(levels.group(1)) if levels else None,
+                }
+            )
+    elif m := re.search(rf"Scoped allocation with size {_SIZE} and limit {_SIZE} exceeded", message):
+        needed, limit, kind = _bytes(*m.groups()[:2]), _bytes(*m.groups()[2:]), "scoped limit"
+        label = re.search(r"allocating on stack for %\S+.*?op_name=\"([^\"]*)\"", message, re.S)
+        if label:
+            buffers.append({"kernel": _kernel(label.group(1)), "bytes": needed, "what": "scoped allocation"})
+    elif m := re.search(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\)", message):
+        needed, limit, kind = int(m.group(1)), int(m.group(2)), "capacity"
+        allocation = r"\[shape = '([^'{]*)[^']*', space=vmem, size = (0x[0-9a-fA-F]+),[^\]]*?tag = '([^']*)'\] :: (\S+)"
+        for b in re.finditer(allocation, message):
+            kernel, size = _kernel(b.group(4)), int(b.group(2), 16)
+            buffers.append({"kernel": kernel, "bytes": size, "what": b.group(3), "shape": b.group(1)})
+    kernel = buffers[0]["kernel"] if buffers else (next(iter(mosaic)) if len(mosaic) == 1 else None)
+    operands = (mosaic.get(kernel) or {}).get("vmem_bytes")
+    fits = None if needed is None else needed <= capacity
+    if needed is None:
+        summary = "out of VMEM, in a message this parser does not know: see the error"
+    else:
+        verdict = "does not fit at this configuration"
+        if fits:
+            verdict = "fits: raise vmem_limit_bytes (pltpu.CompilerParams)" if kind == "scoped limit" else "fits"
+        summary = (
+            f"kernel {kernel or '?'} needs {_mib(needed)} of VMEM (over the compiler's {kind} of {_mib(limit)}); "
+            f"{device_kind} has {_mib(capacity)} (get_tpu_info): {verdict}"
+        )
+    return {
+        "kernel": kernel,
+        "needed_bytes": needed,
+        "limit_bytes": limit,
+        "limit": kind,
+        "buffers": buffers,
+        "mosaic_vmem_bytes": operands,
+        "capacity_bytes": capacity,
+        "fits": fits,
+        "summary": summary,
+    }

@@ -6,10 +6,19 @@ types, VMEM limits) run when XLA:TPU compiles. With libtpu installed and `JAX_PL
 lowered for one of them and compiled runs XLA:TPU and Mosaic for real, with no TPU attached
 (nothing executes; a compile on CPU is a compile, not a run).
 
+The target's compile-only device is the default device while the program is traced, lowered
+and compiled (`jax.default_device`): Mosaic's own lowering (jnp.sign, 1-D blocks) and a kernel's
+`pltpu.get_tpu_info()` at trace time ask the default device who it is, and must hear the target,
+not this machine's CPU (parity.execute.tpu_identity).
+
 For one case, candidate and target, `compile_case` compiles the case's program (the forward,
 or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_program`) and returns:
     ok, seconds, device_kind
+    default_device         the default device while compiling, e.g. "tpu:TPU v5 lite (compile-only)"
     error, error_op        Mosaic's message in full and the MLIR operation it names
+    vmem                   when it ran out of VMEM: the kernel, the buffers and sizes the compiler
+                           names, and whether it fits the target's VMEM
+                           (parity.execute.mosaic_llo.vmem_failure)
     kernels                the Mosaic kernels (pallas_call names) in the compiled TPU module
     memory                 XLA's memory analysis (argument, output, temp, code bytes)
     mosaic[kernel]         from Mosaic's lowered module (post-lower-to-llo, read by
@@ -39,8 +48,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case, input_shapes, storage_dtype
+from parity.execute import tpu_identity
 from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
-from parity.execute.mosaic_llo import LloFormatError, model_matmuls, numerics_check, parse_llo
+from parity.execute.mosaic_llo import (
+    LloFormatError,
+    is_vmem_error,
+    model_matmuls,
+    numerics_check,
+    parse_llo,
+    vmem_failure,
+)
 from parity.measure import tpu_numerics
 from parity.model.host import libtpu_version, tpu_attached
 from parity.model.spec import Unsupported, as_spec
@@ -105,13 +122,17 @@ def compile_case(
         out["device_kind"] = dev.device_kind
         program, diff, cot = program_structs(case, fn, jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
-        with context(), compile_for_tpu():
+        with context(), compile_for_tpu(), jax.default_device(dev):
+            out["default_device"] = _default_device()
             traced = jax.jit(program).trace(diff, cot)
             lowered = traced.lower()
-        compiled = lowered.compile()
+            compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - a compile error is this target's result
         out.update(seconds=time.perf_counter() - t0, **describe_error(e))
-        _clear_dumps(_dump_files() - before)
+        new = _dump_files() - before
+        if is_vmem_error(out["error"]):
+            out["vmem"] = _vmem(out["error"], dev, new)
+        _clear_dumps(new)
         return out
     out["seconds"] = time.perf_counter() - t0
     text = compiled.as_text()
@@ -119,12 +140,7 @@ def compile_case(
     out["memory"] = _memory(compiled)
     new = _dump_files() - before
     try:
-        out["mosaic"] = {
-            name: info
-            for path in sorted(new)
-            if path.name.endswith("post-lower-to-llo.txt")
-            for name, info in [parse_llo(path.read_text())]
-        }
+        out["mosaic"] = _read_mosaic(new)
         if out["kernels"] and not out["mosaic"]:
             raise LloFormatError(
                 f"no post-lower-to-llo module was written under {_dump_dir()} "
@@ -144,6 +160,36 @@ def compile_case(
         return out
     out["ok"] = True
     return out
+
+
+def _default_device() -> str:
+    """The default device jax traces and compiles for now, e.g. 'tpu:TPU v5 lite (compile-only)'
+    (a topology's devices are compile-only, TPU attached or not) or 'cpu:cpu'."""
+    import jax  # late: heavy (runner imports this module)
+
+    d = jax.config.jax_default_device or jax.local_devices()[0]
+    return f"{d.platform}:{d.device_kind}" + ("" if d in jax.devices() else " (compile-only)")
+
+
+def _vmem(message: str, dev, dumps) -> dict:
+    """mosaic_llo.vmem_failure of an out-of-VMEM compile, with Mosaic's dumps when it wrote them
+    and the target's VMEM as get_tpu_info() states it for `dev`."""
+    try:
+        mosaic = _read_mosaic(dumps)
+    except LloFormatError:
+        mosaic = {}
+    capacity = tpu_identity.tpu_info_for(dev).vmem_capacity_bytes
+    return vmem_failure(message, mosaic, capacity, dev.device_kind)
+
+
+def _read_mosaic(paths) -> dict:
+    """{kernel: parse_llo's} of the post-lower-to-llo modules among paths."""
+    return {
+        name: info
+        for path in sorted(paths)
+        if path.name.endswith("post-lower-to-llo.txt")
+        for name, info in [parse_llo(path.read_text())]
+    }
 
 
 def describe_error(e: Exception) -> dict:

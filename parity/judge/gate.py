@@ -66,6 +66,7 @@ def compile_problems(rec: dict) -> list[str]:
             out.append(
                 f"{target} ({r.get('device_kind', '?')}): {r.get('error_line') or r.get('error', '')[:300]}"
                 + (f" [at {r['error_op'][:160]}]" if r.get("error_op") else "")
+                + (f" [VMEM: {r['vmem']['summary']}]" if r.get("vmem") else "")
             )
         elif r.get("numerics", {}).get("error"):
             out.append(f"{target}: matmuls not checked against the numerics model: {r['numerics']['error'][:300]}")

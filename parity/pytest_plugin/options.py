@@ -1,12 +1,14 @@
 """The plugin's `--parity-*` options: declared (add_options), refused at configure when they
 cannot be used (refuse_bad_options: pytest's usage error, exit 4), and read by the hooks
-(report_dir, bound_factor, session_specs, session_targets). Only the standard library, pytest
+(report_dir, bound_factor, session_specs, session_targets; the TPU identity interpret mode emulates
+is exported at configure, export_interpret_as). Only the standard library, pytest
 and parity.model.spec at import: what checks a value is imported when that option is given."""
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,13 @@ def add_options(parser) -> None:
         help="compile the jax candidates of interpret and tpu tests for these TPU targets (v4, v5e, v5p, v6e, "
         "tpu7x) or 'none'; default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached",
     )
+    g.addoption(
+        "--parity-tpu-interpret-as",
+        default=None,
+        metavar="TARGET",
+        help="in TPU interpret mode pltpu.get_tpu_info() answers as this TPU target (v4, v5e, v5p, v6e, tpu7x); "
+        "default the first of --parity-tpu-targets, else v5e",
+    )
 
 
 def fail_usage(option: str, value, allowed: str) -> None:
@@ -108,6 +117,24 @@ def refuse_bad_options(config) -> None:
                 raise pytest.UsageError(str(e).replace("--candidate", "--parity-candidate", 1)) from None
     if opt("parity_tpu_targets") is not None:
         tpu_targets(opt("parity_tpu_targets"))
+    if opt("parity_tpu_interpret_as") is not None or opt("parity_tpu_targets") is not None:
+        export_interpret_as(config)
+
+
+def export_interpret_as(config) -> None:
+    """The TPU identity interpret mode emulates in this session (parity.execute.tpu_identity), in
+    the environment the backends read it from: --parity-tpu-interpret-as, else the first of
+    --parity-tpu-targets; without either the backends' default (v5e) stands."""
+    # late: the harness's TPU identity table, only when one of the two options is given
+    from parity.execute.tpu_identity import ENV, IDENTITIES, SOURCE_ENV, choose
+
+    target = config.getoption("parity_tpu_interpret_as")
+    if target is not None and target not in IDENTITIES:
+        fail_usage("parity-tpu-interpret-as", target, f"one of {list(IDENTITIES)}")
+    targets = tpu_targets(config.getoption("parity_tpu_targets")) if target is None else ()
+    choice = choose(target, targets, ("--parity-tpu-interpret-as", "--parity-tpu-targets"))
+    if choice is not None:
+        os.environ[ENV], os.environ[SOURCE_ENV] = choice
 
 
 def _refuse_path_as_rootdir(config) -> None:

@@ -43,8 +43,9 @@ def _grid_ok(v) -> bool:
 
 def check_compile(rec: dict, path: Path | str = "record") -> None:
     """RecordError unless a compile record has what the gate and the report read: schema,
-    case, backend, per target `ok` (a bool) and, when not ok, an error, and the verdict those
-    targets imply (tpu_compile.compile_verdict): readers then trust the verdict field."""
+    case, backend, per target `ok` (a bool) and, when not ok, an error (and an out-of-VMEM
+    failure's summary, which the gate prints), and the verdict those targets imply
+    (tpu_compile.compile_verdict): readers then trust the verdict field."""
     if rec.get("schema") != SCHEMA_VERSION:
         raise RecordError(f"{path}: schema {rec.get('schema')!r}, this reader reads schema {SCHEMA_VERSION}")
     for f in ("case_id", "backend", "created", "run_id", "repro"):
@@ -60,6 +61,8 @@ def check_compile(rec: dict, path: Path | str = "record") -> None:
             field_error(path, f"targets.{t}.ok", (r or {}).get("ok") if isinstance(r, dict) else r, "true or false")
         if not r["ok"] and not isinstance(r.get("error"), str):
             field_error(path, f"targets.{t}.error", r.get("error"), "a string (the compiler's message)")
+        if "vmem" in r and not (isinstance(r["vmem"], dict) and isinstance(r["vmem"].get("summary"), str)):
+            field_error(path, f"targets.{t}.vmem", r["vmem"], "an object with a summary string")
     implied = compile_verdict(targets)
     if rec["verdict"] != implied:
         field_error(path, "verdict", rec["verdict"], f"{implied!r}, the verdict its targets imply")

@@ -64,6 +64,8 @@ class ResultRecord(TypedDict, total=False):
     kernel_time_s: float | None
     wall_time_s: float | None
     error: str | None
+    # free-form facts; in TPU interpret mode "tpu_identity": the TPU get_tpu_info() answered as,
+    # {"emulated": "v5e", "device_kind": "TPU v5 lite", "num_cores": 1, "source": "--tpu-targets"}
     notes: dict[str, Any]
     tensors: dict[str, TensorMetrics]  # the oracle's: shape, rms, max_abs, nonfinite, verdict
     encoded_nonfinite: list[str]
@@ -81,7 +83,10 @@ class CompileRecord(TypedDict, total=False):
     created: str
     repro: str
     verdict: str  # pass, compile-error or numerics-mismatch (compile_verdict of targets)
-    targets: dict[str, dict]  # target -> {"ok": bool, "error": str, "seconds", "mosaic", "numerics", ...}
+    # target -> {"ok": bool, "error": str, "seconds", "device_kind", "default_device" (the default
+    # device while compiling), "vmem" (an out-of-VMEM failure read: mosaic_llo.vmem_failure),
+    # "mosaic", "numerics", ...}
+    targets: dict[str, dict]
 
 
 ByCase = dict[str, dict[str, ResultRecord]]  # case_id -> backend -> record

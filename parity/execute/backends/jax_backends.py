@@ -1,7 +1,10 @@
 """Backends that call jax functions: the built-in Pallas kernels and users' jax candidates.
 
 Both run on a TPU when one is present; elsewhere inside TPU interpret mode
-(`pltpu.force_tpu_interpret_mode()`), so third-party Pallas TPU kernels run unchanged on CPU.
+(`pltpu.force_tpu_interpret_mode()` for users' kernels; kernels_jax's choose it themselves,
+kernels_jax.common.platform.interpret_mode), so third-party Pallas TPU kernels run unchanged on
+CPU, with jax's TPU queries (`pltpu.get_tpu_info()`, ...) answering as one TPU generation would
+(parity.execute.tpu_identity), stated in the record's `notes.tpu_identity`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
+from parity.execute import tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import accepts, candidate_declines, check_candidate_supports, run_jax
 from parity.measure import tpu_numerics
@@ -38,6 +42,21 @@ def _numerics() -> str:
     if _tpu_present():
         return "tpu"
     return tpu_numerics.active()
+
+
+@contextlib.contextmanager
+def _interpreting(force: bool):
+    """Around a jax kernel's call: nothing on a TPU; elsewhere TPU interpret mode (forced when
+    `force`: a user's kernel) with the emulated TPU identity (parity.execute.tpu_identity),
+    both left on the way out. Yields the record's notes: {} or {"tpu_identity": ...}."""
+    if _tpu_present():
+        yield {}
+        return
+    from jax.experimental.pallas import tpu as pltpu  # late: jax is heavy
+
+    target, source = tpu_identity.interpret_target()
+    with pltpu.force_tpu_interpret_mode() if force else contextlib.nullcontext(), tpu_identity.emulated(target):
+        yield {"tpu_identity": tpu_identity.describe(target, source)}
 
 
 def _versions() -> dict[str, str]:
@@ -88,7 +107,8 @@ class PallasBackend:
     ) -> Execution:
         """Call a kernels_jax kernel (or a variant of one) and record where it ran."""
         numerics = _numerics()
-        tensors, seconds = run_jax(fn, case, inputs)
+        with _interpreting(force=False) as identity:
+            tensors, seconds = run_jax(fn, case, inputs)
         return Execution(
             tensors=tensors,
             platform=_platform(),
@@ -96,7 +116,7 @@ class PallasBackend:
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
-            notes=notes or {},
+            notes={**identity, **(notes or {})},
         )
 
 
@@ -112,12 +132,9 @@ class JaxCandidate:
         self.name, self.fn, self.spec, self.framework = name, fn, spec, framework
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
-        from jax.experimental.pallas import tpu as pltpu
-
         check_candidate_supports(self.fn, case)
-        ctx = contextlib.nullcontext() if _tpu_present() else pltpu.force_tpu_interpret_mode()
         numerics = _numerics()
-        with ctx, candidate_declines():
+        with _interpreting(force=True) as identity, candidate_declines():
             tensors, seconds = run_jax(self.fn, case, inputs)
         return Execution(
             tensors=tensors,
@@ -126,6 +143,7 @@ class JaxCandidate:
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
+            notes=identity,
         )
 
     def kernel_call(self, case: Case) -> KernelCall:
