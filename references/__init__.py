@@ -1,4 +1,6 @@
-"""The float64 oracle: one plain recurrence per op, gradients by autodiff (see common.py).
+"""The float64 oracle: one plain recurrence per op, the definition (gradients by autodiff,
+references/common.py), computed by default in an equivalent chunked form with a hand-written
+backward (references/chunked.py), held to the recurrence at 1e-12 relative by the tests.
 
 `oracle_run(case, inputs)` computes every tensor of `case.output_names()` in float64, and for
 a gradient that is a sum over tokens (dg_gamma [H]) its per-token terms (`TERMS`), from which
@@ -55,14 +57,15 @@ def error_scales(out: dict[str, np.ndarray]) -> dict[str, list[float]]:
     return scales
 
 
-def oracle_run(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 numpy arrays for every name in oracle_names(case)."""
+def oracle_run(case, inputs: dict[str, np.ndarray], method: str = "chunked") -> dict[str, np.ndarray]:
+    """float64 numpy arrays for every name in oracle_names(case); method "chunked" (the
+    default, fast) or "recurrence" (the definition, references.common.run_recurrence)."""
     # late: the per-op oracles import jax (heavy); the package's names and version stay light
     mod = importlib.import_module(f"references.{case.op}")
     kw = _op_kwargs(case, inputs)
     if case.backward:
-        out = mod.forward_backward(**kw, do=inputs["do"], dht=inputs.get("dht"))
+        out = mod.forward_backward(**kw, do=inputs["do"], dht=inputs.get("dht"), method=method)
     else:
-        o, ht = mod.forward(**kw, output_final_state=True)
+        o, ht = mod.forward(**kw, output_final_state=True, method=method)
         out = {"o": o, "ht": ht}
     return {n: out[n] for n in oracle_names(case)}

@@ -2,9 +2,11 @@
 
 Every op is a per-token recurrence over a state S [N, H, K, V]:
     S_t = step(S_{t-1}, token inputs at t),   o_t = read(S_t, q_t)
-written once per op (references/<op>.py) as a plain function of one time step. This
-module runs it as a `lax.scan` over T in float64, with x64 enabled only inside
-`float64()` (never process-wide), and gets every gradient by autodiff of that scan.
+written once per op (references/<op>.py) as a plain function of one time step: the
+definition of the op. `run_recurrence` runs it as a `lax.scan` over T in float64, with x64
+enabled only inside `float64()` (never process-wide), and gets every gradient by autodiff of
+that scan (method="recurrence"). The oracle's default, method="chunked", computes the same
+maths in chunks in numpy (references/chunked.py), held to this one at 1e-12 by the tests.
 
 Packed varlen (`cu_seqlens`, B == 1): at each sequence start the state is replaced by
 that sequence's initial state (zeros if none); the final state of sequence n is the
@@ -25,6 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 BLOCK = 64
+METHODS = ("chunked", "recurrence")  # how the ops compute; the first is the default
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+    return method
 
 
 @contextlib.contextmanager

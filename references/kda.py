@@ -8,6 +8,8 @@ i.e. the gated delta rule: decay per channel, then one delta-rule correction of 
 prediction k_t S' towards v_t with learning rate beta_t. q and k are used as given (the
 harness passes them L2-normalised, as FLA's tests do).
 Shapes: q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; state [N, H, K, V].
+`step` is the definition (run by references.common.run_recurrence, method="recurrence");
+method="chunked" (the default) computes the same in chunks (references.chunked.kda_chunked).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from references.common import run_recurrence, validate
+from references.chunked import kda_chunked
+from references.common import check_method, run_recurrence, validate
 
 
 def step(S, q, k, v, g, beta, scale):
@@ -27,6 +30,7 @@ def step(S, q, k, v, g, beta, scale):
 
 
 def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens):
+    """-> (dims, per-token inputs of `step` [B, T, H, ...], scale as a number)."""
     if g is None or beta is None:
         raise ValueError("g [B, T, H, K] and beta [B, T, H] are required")
     B, T, H = np.shape(q)[:3]
@@ -39,20 +43,33 @@ def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens):
         cu_seqlens=cu_seqlens,
     )
     scale = dims[3] ** -0.5 if scale is None else scale
-    return dims, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "scale": np.full((B, T, H), scale)}
+    return dims, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "scale": np.full((B, T, H), scale)}, scale
 
 
-def forward(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+def _run(tok, scale, initial_state, cu_seqlens, dims, method, cotangents=None):
+    """(o, ht) or (o, ht, grads keyed q, k, v, g, beta, initial_state) by `method`."""
+    if check_method(method) == "recurrence":
+        return run_recurrence(step, tok, initial_state, cu_seqlens, dims, cotangents=cotangents)
+    do, dht = cotangents or (None, None)
+    x = [tok[n] for n in ("q", "k", "v", "g", "beta")]
+    return kda_chunked(*x, scale, initial_state, cu_seqlens, do=do, dht=dht)
+
+
+def forward(
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, method="chunked"
+):
     """Returns (o [B, T, H, V], final_state [N, H, K, V] or None), float64 numpy."""
-    dims, tok = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    o, ht = run_recurrence(step, tok, initial_state, cu_seqlens, dims)
+    dims, tok, scale = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    o, ht = _run(tok, scale, initial_state, cu_seqlens, dims, method)
     return o, (ht if output_final_state else None)
 
 
-def forward_backward(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, *, do, dht=None):
+def forward_backward(
+    q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, *, do, dht=None, method="chunked"
+):
     """Returns dict o, ht, dq, dk, dv, dg, dbeta, dh0 (float64 numpy); dht None means 0."""
-    dims, tok = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    o, ht, gr = run_recurrence(step, tok, initial_state, cu_seqlens, dims, cotangents=(do, dht))
+    dims, tok, scale = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    o, ht, gr = _run(tok, scale, initial_state, cu_seqlens, dims, method, cotangents=(do, dht))
     return {
         "o": o,
         "ht": ht,

@@ -1,12 +1,16 @@
 """The float64 oracle, proven by independent means: a second formulation per op, finite
-differences of every gradient, FLA's naive torch recurrences, and varlen == separate runs."""
+differences of every gradient, FLA's naive torch recurrences, and varlen == separate runs;
+and its default chunked form (references/chunked.py) held to the per-token recurrence (the
+definition, references/common.py run_recurrence) at 1e-12 on every tensor."""
+
+import functools
 
 import numpy as np
 import pytest
 
 from cases import Case, make_inputs
 from parity.measure.compare import rel_rms
-from references import gla, kda, oracle_run, simple_gla
+from references import chunked, gla, kda, oracle_names, oracle_run, simple_gla
 
 F64_AGREEMENT = 1e-12  # two float64 formulations of the same maths
 
@@ -248,3 +252,66 @@ def test_gla_with_k_not_v_equals_a_numpy_recurrence(K, V):
         S = np.exp(g[0, t])[:, :, None] * S + k[0, t][:, :, None] * v[0, t][:, None, :]
         o[t] = np.einsum("hk,hkv->hv", q[0, t] * K**-0.5, S)
     assert np.abs(got["o"][0] - o).max() < 1e-12 and np.abs(got["ht"][0] - S).max() < 1e-12
+
+
+# ---------------------------------------------------------------- chunked == recurrence
+# The chunked form against the recurrence on every tensor oracle_run returns: several chunks
+# with a padded last one (T not a multiple of the chunk), varlen with length-1 sequences,
+# T = 1, K != V, h0 / ht on and off, per-token and per-head gates (dg_gamma and its terms),
+# the stress gates at the fuzzer's largest magnitude (6) and far past it (40: decays that
+# underflow inside a chunk), the steepest logsigmoid gates, kda's beta, bf16 inputs, fwd.
+CHUNKED_CASES = [
+    Case("simple_gla", 2, 150, 2, 16, 8, h0=True, ht=True),
+    Case(
+        "simple_gla", 1, 90, 3, 8, 8, gate="gamma_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(1, 70, 19)
+    ),
+    Case("simple_gla", 1, 100, 4, 8, 8, gate="gamma_alibi", gate_params={"layers": 4}, h0=True, seqlens=(64, 36)),
+    Case("simple_gla", 1, 1, 2, 8, 4, gate="gamma_retnet", h0=True, ht=True, dtype="bfloat16"),
+    Case("simple_gla", 2, 70, 2, 8, 16, gate="g_stress", gate_params={"mag": 40}, ht=True, direction="fwd"),
+    Case("gla", 2, 37, 2, 16, 8, h0=True, ht=True),
+    Case("gla", 1, 50, 2, 8, 12, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(16, 1, 33)),
+    Case("gla", 1, 40, 2, 8, 8, gate="g_stress", gate_params={"mag": 40}, ht=True),
+    Case("gla", 1, 1, 1, 4, 4, direction="fwd", h0=True),
+    Case("gla", 2, 32, 2, 8, 8, h0=True, ht=True),  # every chunk full: no padding
+    Case("kda", 2, 37, 2, 16, 8, h0=True, ht=True),
+    Case("kda", 1, 50, 2, 8, 12, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(16, 1, 33)),
+    Case("kda", 1, 1, 2, 8, 4, h0=True, ht=True, dtype="bfloat16"),
+    Case("kda", 2, 40, 1, 32, 32, gate_params={"norm": 1}, h0=True, direction="fwd"),
+]
+
+
+@functools.cache
+def _recurrence(case: Case) -> dict:
+    return oracle_run(case, make_inputs(case), method="recurrence")
+
+
+def _assert_agrees(case: Case, got: dict):
+    ref = _recurrence(case)
+    assert sorted(got) == sorted(ref) == sorted(oracle_names(case))
+    errs = {n: rel_rms(got[n], ref[n]) for n in ref}
+    assert max(errs.values()) < F64_AGREEMENT, errs
+
+
+@pytest.mark.parametrize("case", CHUNKED_CASES, ids=lambda c: c.id)
+def test_chunked_equals_recurrence(case):
+    _assert_agrees(case, oracle_run(case, make_inputs(case)))
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+@pytest.mark.parametrize("case", [c for c in CHUNKED_CASES if c.seqlens and c.backward], ids=lambda c: c.id)
+def test_chunked_equals_recurrence_at_any_chunk_size(case, chunk, monkeypatch):
+    """The chunk size only regroups the same sums: 1 (token by token, like the recurrence),
+    5 and 64 (sequences longer and shorter than a chunk)."""
+    monkeypatch.setattr(chunked, "CHUNK_HEAD_GATE", chunk)
+    monkeypatch.setattr(chunked, "CHUNK_CHANNEL_GATE", chunk)
+    _assert_agrees(case, oracle_run(case, make_inputs(case)))
+
+
+def test_chunked_is_the_default_and_methods_are_checked():
+    """oracle_run's default is the chunked form; an unknown method is refused."""
+    c = Case("gla", 1, 9, 1, 4, 4, direction="fwd")
+    x = make_inputs(c)
+    a, b = oracle_run(c, x), oracle_run(c, x, method="chunked")
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    with pytest.raises(ValueError, match="method must be one of"):
+        oracle_run(c, x, method="scan")
