@@ -152,6 +152,48 @@ def test_autotuner_takes_the_first_config_without_benchmarking():
     assert x[:4].tolist() == [4] * 4 and x[4:].tolist() == [0] * 4
 
 
+def test_a_neutral_parameter_takes_its_largest_value_and_nothing_else_changes():
+    from parity.execute.backends.triton_interpreter import choose_config
+
+    configs = [triton.Config({"BH": bh, "BT": bt}, num_warps=w) for bt in (16, 32) for bh in (1, 2, 8) for w in (1, 4)]
+    chosen = choose_config("chunk_kda_fwd_kernel_intra_token_parallel", configs)
+    assert chosen.kwargs == {"BH": 8, "BT": 16}  # BT stays the first config's
+    assert choose_config("some_other_kernel", configs) is configs[0]
+
+
+def test_heads_per_program_instance_change_no_bit_of_fla_kda(monkeypatch):
+    """Fix 1's neutral parameter: FLA's kda with BH = 8 heads per program instance (H = 3: one
+    instance per token, lanes past H masked) equals the first config's BH = 1, every tensor,
+    bit for bit, forward and backward."""
+    from triton.runtime import interpreter
+
+    case = Case("kda", 1, 40, 3, 32, 32, dtype="bfloat16", chunk_size=32, gate="g_logsig", h0=True, ht=True)
+    inputs = make_inputs(case)
+    grids = []
+    launch = interpreter.GridExecutor.__call__
+
+    def record_grid(self, *a, **kw):
+        if self.fn.__name__ == "chunk_kda_fwd_kernel_intra_token_parallel":
+            grids.append(self.grid(kw) if callable(self.grid) else self.grid)
+        return launch(self, *a, **kw)
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", record_grid)
+    from fla.ops.kda import chunk_intra_token_parallel
+
+    tuner = chunk_intra_token_parallel.chunk_kda_fwd_kernel_intra_token_parallel
+    while not hasattr(tuner, "cache"):  # under @triton.heuristics
+        tuner = tuner.fn
+    monkeypatch.setattr(tuner, "cache", {})  # the config chosen per key is kept: choose afresh
+    batched = FlaBackend().run(case, inputs).tensors
+    monkeypatch.setattr(triton_interpreter, "NEUTRAL_PARAMS", {})
+    monkeypatch.setattr(tuner, "cache", {})
+    first = FlaBackend().run(case, inputs).tensors
+    assert set(batched) == set(first) == set(case.output_names())
+    for name in first:
+        assert np.array_equal(batched[name], first[name], equal_nan=True), name
+    assert [tuple(g)[1] for g in grids] == [1, 3], grids  # heads per instance: all 3, then 1
+
+
 def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers(monkeypatch):
     """Fix 4 skips re-patching triton.language at each @triton.jit helper call; FLA's kda
     (helpers such as exp2 in every kernel, bf16 and the TF32 dots) computes the same bits as

@@ -6,7 +6,11 @@ FLA's kernels from running or from computing the right numbers there (shared/DES
 file is modified (and makes the interpreter faster, 4.):
 
 1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
-   first config that survives the kernel's own pruning is taken, without benchmarking.
+   first config that survives the kernel's own pruning is taken, without benchmarking;
+   except that a parameter known to leave every output bit unchanged (NEUTRAL_PARAMS: how
+   many heads one program instance handles) takes its largest value among the configs
+   otherwise equal to that first one, since the interpreter's time is per program instance
+   (tests/test_fla_backend.py compares the outputs bit for bit).
 2. A plain Python `range` (and `tl.range`) loop variable is a tensor in a compiled kernel
    (FLA calls `i_t.to(tl.int64)` on it) but an int in the interpreter. Kernel sources are
    rewritten so those loops yield interpreter int32 scalars.
@@ -93,14 +97,34 @@ def enable() -> None:
 # 1. autotuning ---------------------------------------------------------------------------
 
 
+# kernel name -> a meta-parameter that only batches independent work into one program
+# instance: chunk_kda_fwd_kernel_intra_token_parallel's BH, the heads of one token per
+# instance (each head's arithmetic is the same masked lanes whatever BH is; grid (B*T,
+# cdiv(H, BH)), so a larger BH means fewer instances to interpret)
+NEUTRAL_PARAMS = {"chunk_kda_fwd_kernel_intra_token_parallel": "BH"}
+
+
+def choose_config(kernel: str, configs: list):
+    """The config the interpreter runs: the first, with its NEUTRAL_PARAMS parameter raised
+    to the largest value among the configs that differ from the first only there (and in
+    num_warps / num_stages, which the interpreter ignores)."""
+    first = configs[0]
+    param = NEUTRAL_PARAMS.get(kernel)
+    if param is None or param not in first.kwargs:
+        return first
+    rest = {k: v for k, v in first.kwargs.items() if k != param}
+    same = [c for c in configs if {k: v for k, v in c.kwargs.items() if k != param} == rest]
+    return max(same, key=lambda c: c.kwargs[param])
+
+
 def _patch_autotuner(Autotuner) -> None:
     original = Autotuner.prune_configs
 
     @functools.wraps(original)
-    def first_config(self, kwargs):
-        return original(self, kwargs)[:1]
+    def one_config(self, kwargs):
+        return [choose_config(self.base_fn.__name__, original(self, kwargs))]
 
-    Autotuner.prune_configs = first_config
+    Autotuner.prune_configs = one_config
 
 
 # 2. range loop variables -----------------------------------------------------------------
