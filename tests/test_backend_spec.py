@@ -22,7 +22,7 @@ from .helpers import SMALL
 @pytest.mark.parametrize(
     "text, name, side, kind, implementation",
     [
-        ("oracle", "oracle", "oracle", "oracle", "references (float64: chunked, hand-written backward; held to the recurrence)"),
+        ("oracle", "oracle", "oracle", "oracle", "references (float64, chunked; the recurrence defines it)"),
         ("fla", "fla", "reference", "fla", "fla.ops chunk kernels (Triton)"),
         ("pallas-fused", "pallas-fused", "candidate", "kernels_jax", "kernels_jax fused kernels"),
         ("mutant:zero-dg-gamma", "mutant-zero-dg-gamma", "candidate", "mutant", "zero-dg-gamma"),

@@ -98,7 +98,12 @@ def parse_backend_spec(text: str) -> BackendSpec:
         raise SpecError(f"backend spec {text!r}: expected {FORMS}")
     if text == "oracle":
         return BackendSpec(
-            text, "oracle", "oracle", "oracle", "references (float64: chunked, hand-written backward; held to the recurrence)", "cpu (float64)"
+            text,
+            "oracle",
+            "oracle",
+            "oracle",
+            "references (float64, chunked; the recurrence defines it)",
+            "cpu (float64)",
         )
     if text == REFERENCE:
         return BackendSpec(
