@@ -278,6 +278,9 @@ def test_short_search_of_the_built_in_kernels_finds_nothing(tmp_path, candidate,
         (["--candidate", "pallas", "--time", "0"], "--time"),
         (["--candidate", "pallas-fused", "--op", "gla"], "--op"),
         (["--candidate", "pallas", "--seed", "-1"], "--seed"),
+        (["--candidate", "pallas", "--variants", "-1"], "--variants"),
+        (["--candidate", "pallas", "--variant-share", "nan"], "--variant-share"),
+        (["--candidate", "pallas", "--max-t", "0"], "--max-t"),
         (["--candidate", "nope=jax:no_such_module:f"], "--candidate"),
     ],
 )
@@ -326,3 +329,62 @@ def test_an_identically_zero_oracle_tensor_is_judged_on_absolute_error():
     assert compare_tensor(case, "dg", zero + 2.6e-8, zero)["verdict"] == "pass"
     assert compare_tensor(case, "dg", zero + 0.5, zero)["verdict"] == "fail-accuracy"
     assert compare_tensor(case, "dg", zero, zero)["rel_rms"] == 0.0
+
+
+# ------------------------------------------------------------------ compiled programs reused across a shape class
+def test_a_repeated_shape_class_is_not_recompiled_in_the_warm_worker(tmp_path):
+    """Two examples of one shape class (cases.strategies.shape_class), the second with another gate of
+    the same kind, gate strength and seed (value_variant's fields), through one CaseRunner worker as a
+    search runs them: the kernel's program (kernels_jax.simple_gla.chunk._chunked, forward and
+    backward) is compiled for the first and not again for the second. The counts are jax's own
+    compile events, reported by the worker (parity.execute.compile_log)."""
+    from cases.strategies import shape_class
+    from parity.fuzz.search import CaseRunner
+
+    first = Case.from_id("simple_gla-fwdbwd-B1-T33-H2-K16-V32-fp32-C16-g_logsig-h0-ht")
+    second = first.replace(gate="g_stress", gate_params={"mag": 3}, seed=2)
+    other = first.replace(T=34)  # another shape class: compiled anew
+    assert shape_class(first) == shape_class(second) != shape_class(other) and first.id != second.id
+    runner = CaseRunner(tmp_path, ["oracle", "pallas"], 300.0, "compiles")
+    try:
+        compiled = []
+        for case in (first, second, other):
+            lines = runner.run(case)
+            assert [ln["verdict"] for ln in lines] == ["pass", "pass"], lines
+            compiled.append(runner.timing)
+    finally:
+        runner.close()
+    kernel = "jit(_chunked)"
+    assert compiled[0]["xla_programs"].count(kernel) == 2, compiled[0]  # forward, and its vjp
+    assert kernel not in compiled[1]["xla_programs"], compiled[1]
+    assert compiled[1]["xla_compile_s"] < 0.2 * compiled[0]["xla_compile_s"], (compiled[0], compiled[1])
+    assert compiled[2]["xla_programs"].count(kernel) == 2, compiled[2]  # the counter sees a new class compile
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "simple_gla-fwd-B2-T65-H3-K60-V100-bf16-C32-g_logsig-s0.125-h0",
+        "simple_gla-fwdbwd-B1-T5-H1-K8-V8-fp32-C16-gamma_alibi-ht-lens4_1",
+    ],
+)
+def test_variants_share_the_drawn_cases_shape_class_and_reach_every_value(case_id):
+    """value_variant keeps every field of the shape class and draws gates of the same kind (g or
+    g_gamma), their parameters and seeds: each seed and each gate of the kind appears."""
+    from hypothesis import HealthCheck, given, settings
+
+    from cases.strategies import SEEDS, shape_class, value_variant
+
+    space = Space(op="simple_gla", max_elements=2**18)
+    case, seen = Case.from_id(case_id), set()
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(value_variant(space, case))
+    def check(v):
+        assert shape_class(v) == shape_class(case), (v.id, case.id)
+        seen.add((v.gate, v.seed, v.gate_params != ()))
+
+    check()
+    kinds = {g for g in space.gates if g.startswith("gamma_") == case.uses_g_gamma}
+    assert {g for g, _, _ in seen} == kinds and {s for _, s, _ in seen} == set(range(SEEDS))
+    assert {p for _, _, p in seen} == {True, False}  # default and drawn gate parameters

@@ -52,6 +52,16 @@ def bound_factor(s: str) -> float:
     return v
 
 
+def count(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        _refuse(s, "an int >= 0")
+    if v < 0:
+        _refuse(s, "an int >= 0")
+    return v
+
+
 def max_ratio(s: str) -> float:
     """parity diff's growth factor: a finite number >= 1."""
     v = _finite(s, "a finite number >= 1")

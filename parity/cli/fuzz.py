@@ -9,10 +9,20 @@ import sys
 from pathlib import Path
 
 from cases import OPS
+from cases.strategies import Space
 from parity.cli import args as check
 from parity.cli.common import UsageError, prepare_out
 from parity.execute.backends import BUILTIN, SpecError, check_specs_isolated
-from parity.fuzz import FuzzConfig, applies_predicate, format_summary, read_found, run_fuzz, space_for
+from parity.fuzz import (
+    DEFAULT_VARIANT_SHARE,
+    DEFAULT_VARIANTS,
+    FuzzConfig,
+    applies_predicate,
+    format_summary,
+    read_found,
+    run_fuzz,
+    space_for,
+)
 
 
 def _seed(s: str) -> int:
@@ -68,6 +78,27 @@ def add_parser(sub) -> None:
         help="input elements of a drawn case at most (default 2^18: seconds per example on a CPU)",
     )
     sp.add_argument(
+        "--max-t",
+        type=check.positive_int,
+        default=None,
+        help="sequence length T of a drawn case at most (default: the space's, "
+        f"{Space.__dataclass_fields__['max_T'].default})",
+    )
+    sp.add_argument(
+        "--variants",
+        type=check.count,
+        default=DEFAULT_VARIANTS,
+        help="examples run after each drawn case with the same shapes and new gate, gate parameters and seed, "
+        f"on the programs compiled for it, at most (default {DEFAULT_VARIANTS}; 0: none)",
+    )
+    sp.add_argument(
+        "--variant-share",
+        type=check.bound_factor,
+        default=DEFAULT_VARIANT_SHARE,
+        help="time the variants of a drawn case may take, as a multiple of that case's own time (its compiles "
+        f"included; default {DEFAULT_VARIANT_SHARE:g}): more is more examples per second, fewer new shapes",
+    )
+    sp.add_argument(
         "--bound-factor", type=check.bound_factor, default=1.0, help="eps_candidate <= F * eps_reference + floor"
     )
     sp.add_argument(
@@ -114,10 +145,11 @@ def cmd_fuzz(a) -> int:
         if op not in OPS:
             raise UsageError(f"--op {op!r}: expected one of {list(OPS)} (comma-separated)")
     applies = applies_predicate(a.candidate) if a.candidate else None
+    fixed = {} if a.max_t is None else {"max_T": a.max_t}
     usable = []
     for op in ops:
         try:
-            space_for(op, applies, a.max_elements)
+            space_for(op, applies, a.max_elements, **fixed)
             usable.append(op)
         except ValueError as e:
             if a.op:
@@ -142,6 +174,9 @@ def cmd_fuzz(a) -> int:
         factor=a.bound_factor,
         progress=not a.no_progress,
         numerics=a.tpu_numerics,
+        space=fixed,
+        variants=a.variants,
+        variant_share=a.variant_share,
     )
     print(
         f"parity fuzz: {', '.join(usable)} x {a.jobs} search(es) of {a.time:g} s, searching "

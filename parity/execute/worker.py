@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from cases import Case
+from parity.execute import compile_log
 from parity.execute.case import LazyBackends, _summary_line, run_case
 from parity.execute.proc import die_with_parent
 from parity.records import base_record, result_path, write_record
@@ -22,7 +23,8 @@ from parity.records import base_record, result_path, write_record
 def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
     """Runs cases sent over `conn` (a case dict and its BackendSpecs); reports ('inputs', case_id,
     input_hash), ('start', case_id, spec), ('done', line), ('case', case_id, timing, retire)
-    (retire: it exits now, RETIRE_AT_MAPS), or ('crash', case_id, error) when the harness itself
+    (timing: run_case's, with the case's XLA compilations, parity.execute.compile_log; retire: it
+    exits now, RETIRE_AT_MAPS), or ('crash', case_id, error) when the harness itself
     failed on the case. Backends are built lazily, inside a case's timed window."""
     die_with_parent()
     backends = LazyBackends()
@@ -55,7 +57,7 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
             )
             return
         retire = memory_maps_used() > RETIRE_AT_MAPS
-        conn.send(("case", case.id, timing, retire))
+        conn.send(("case", case.id, {**timing, **compile_log.take()}, retire))
         if retire:
             return
 

@@ -4,7 +4,12 @@ shrunk to the smallest one.
 Each example is a Case drawn by `cases.strategies.boundary_case` (lengths at the chunk grid,
 one-token tails, length-1 packed sequences, tile-edge head dims, H > 2, K != V, gates into
 the overflow regime), in a space narrowed to where the candidate has a kernel and bounded by
-`max_elements`. It runs exactly as `parity run` runs a case: in a runner worker process
+`max_elements`, then (while searching, not while shrinking) up to `variants` value variants of it
+(`cases.strategies.value_variant`: the same shape class, so the same compiled programs, with another
+gate of the same kind, gate strength and seed), while their time stays under `variant_share` times
+the drawn case's own: a new shape class costs its XLA compiles (seconds in TPU interpret mode), a
+variant only the program's run. Every case of the space can still be drawn (the drawn case is any
+boundary_case). Each runs exactly as `parity run` runs a case: in a runner worker process
 (`parity.execute.case.run_case`: oracle first, one record per backend, the comparator and `_tol`),
 with the per-backend timeout; a worker that hangs or dies costs that backend's record, which
 says so. The property is the gate's own verdict for the subject:
@@ -29,7 +34,7 @@ Outputs under OUT:
     found/<case_id>/      its records and manifest (`parity gate` reads it) and repro/ (`parity repro`)
     fuzz.json             the summary: searches, examples, failures, time to find, worst margins
     fuzz.html             the page of found cases and worst margins (parity.fuzz.page)
-    .hypothesis/          hypothesis's example database, so a rerun tries earlier failures first
+    .hypothesis/          hypothesis's example database (a rerun also tries found.json's cases first)
 A candidate function may carry `applies(case) -> bool` (parity.mutants.narrow' do) to say
 where it has a kernel; built-in kernels and mutants are asked through their backend.
 
@@ -49,7 +54,14 @@ import time
 from pathlib import Path
 
 from parity.execute.proc import die_with_parent
-from parity.fuzz.config import DEFAULT_MAX_ELEMENTS, FuzzConfig, applies_predicate, space_for
+from parity.fuzz.config import (
+    DEFAULT_MAX_ELEMENTS,
+    DEFAULT_VARIANT_SHARE,
+    DEFAULT_VARIANTS,
+    FuzzConfig,
+    applies_predicate,
+    space_for,
+)
 from parity.fuzz.found import FOUND_FILE, append_found, read_found, save_found
 from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge
 from parity.fuzz.page import write_page
@@ -144,6 +156,8 @@ def run_fuzz(cfg: FuzzConfig) -> dict:
         "shrink_time_s": cfg.shrink_time_s,
         "max_elements": cfg.max_elements,
         "seed": cfg.seed,
+        "variants": cfg.variants,
+        "variant_share": cfg.variant_share,
         "wall_s": time.perf_counter() - t0,
         "platforms": sorted({p for s in searches for p in s["platforms"]}),
         "found": found,
@@ -181,7 +195,8 @@ def format_summary(summary: dict) -> str:
         lines.append(
             f"fuzz {s['op']} #{s['index']} (seed {s['seed']}): {who}: {s['examples']} examples in "
             f"{s['wall_s']:.0f} s ({s['unsupported']} unsupported, {s['oracle-failed']} oracle failures not "
-            f"evaluated); stopped by {s['stopped']}"
+            f"evaluated; {s['shape_classes']} shape classes, {s['xla_compiles']} XLA compiles in "
+            f"{s['xla_compile_s']:.0f} s); stopped by {s['stopped']}"
             + (
                 f"; failure found after {s['time_to_find_s']:.0f} s ({s['examples_to_find']} examples), "
                 f"shrunk in {s['shrink_s']:.0f} s "
@@ -227,6 +242,8 @@ __all__ = [
     "read_found",
     "append_found",
     "DEFAULT_MAX_ELEMENTS",
+    "DEFAULT_VARIANTS",
+    "DEFAULT_VARIANT_SHARE",
     "NOT_EVALUATED",
     "FOUND_FILE",
 ]

@@ -16,6 +16,15 @@ from parity.model.spec import REFERENCE
 DEFAULT_MAX_ELEMENTS = 2**18  # a few seconds per example in TPU interpret mode on a CPU
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SHRINK_TIME_S = 300.0
+# value variants run after each drawn case, on the programs compiled for it (cases.strategies.value_variant):
+# a new shape class costs its XLA compiles (2-9 s in TPU interpret mode on this 2-core CPU), a variant
+# 0.1-1 s (the program's run alone). At most `variants`, while their time stays under `variant_share` x
+# the drawn case's own. Off by default: measured on simple_gla (T <= 256), 16 variants at share 1 give
+# ~1 example/s against ~0.2/s without, but new shape classes come at about half the rate, and the
+# narrow shape bugs (parity.mutants.narrow) are found later or, within tests/test_fuzz.py's budgets, not
+# at all; variants are for value-triggered bugs (gate strength, seeds) on the shapes drawn.
+DEFAULT_VARIANTS = 0
+DEFAULT_VARIANT_SHARE = 1.0
 
 
 @dataclasses.dataclass
@@ -35,6 +44,14 @@ class FuzzConfig:
     progress: bool = True
     numerics: str = ""  # TPU numerics model of jax candidates ("" = default), as parity run
     space: dict = dataclasses.field(default_factory=dict)  # Space fields to fix (tests: directions=("fwd",))
+    variants: int = DEFAULT_VARIANTS  # value variants per drawn case at most, on its compiled programs; 0: none
+    variant_share: float = DEFAULT_VARIANT_SHARE  # their time at most, as a share of the drawn case's
+
+    def __post_init__(self):
+        if isinstance(self.variants, bool) or not isinstance(self.variants, int) or self.variants < 0:
+            raise ValueError(f"FuzzConfig.variants={self.variants!r}: expected an int >= 0")
+        if not (isinstance(self.variant_share, (int, float)) and 0 <= self.variant_share < float("inf")):
+            raise ValueError(f"FuzzConfig.variant_share={self.variant_share!r}: expected a finite number >= 0")
 
     @property
     def specs(self) -> list[str]:

@@ -14,11 +14,12 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from cases import Case
-from cases.strategies import Space, boundary_case, shrink_greedily
+from cases.strategies import Space, boundary_case, shape_class, shrink_greedily, value_variant
 from parity.execute.backends import backend_name, parse_specs
 from parity.execute.runner import RunConfig
 from parity.execute.worker import _Worker
 from parity.fuzz.config import FuzzConfig, applies_predicate, space_for
+from parity.fuzz.found import FOUND_FILE, read_found
 from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge, read_records
 
 HYPOTHESIS_SHRINK_SHARE = 0.4  # of the shrink time, for hypothesis's shrinker; the rest for Search.simplify
@@ -49,12 +50,14 @@ class CaseRunner:
         self.specs = parse_specs(list(specs))
         self.ctx = mp.get_context("spawn")
         self.worker = None
+        self.timing: dict = {}  # the last case's, from the worker (run_case's timing and XLA compilations)
 
     def run(self, case: Case) -> list[dict]:
         """The summary lines (parity.execute.case._summary_line) of every backend, oracle first."""
 
         lines: list[dict] = []
         todo = list(self.specs)
+        self.timing = {}
         while todo:
             if self.worker is None:
                 self.worker = _Worker(self.ctx, Path(self.cfg.out_dir), self.cfg.run_id, ())
@@ -69,6 +72,7 @@ class CaseRunner:
                     lines.append(value)
                     continue
                 if kind == "case":
+                    self.timing = value
                     if w.retired:
                         self.worker = None
                     return lines
@@ -102,7 +106,12 @@ class Search:
         self.seen: dict[str, Judgement] = {}
         self.failing: list[str] = []  # failing case ids in the order found
         self.worst: dict[str, dict] = {}  # "dtype/tensor/kind" -> {"margin", "case_id"}
-        self.counts = {"examples": 0, "unsupported": 0, "oracle-failed": 0, "cache_hits": 0}
+        self.counts = {"examples": 0, "unsupported": 0, "oracle-failed": 0, "cache_hits": 0, "xla_compiles": 0}
+        self.compile_s = 0.0  # XLA compile seconds in the worker, over every case run
+        self.class_ids: set[str] = set()  # shape classes run (cases.strategies.shape_class)
+        self.drawn_while_searching: set[str] = set()  # case ids first run before a failure: they get variants
+        self.case_s: dict[str, float] = {}  # case id -> seconds its run took (compiles included)
+        self.variant_draws: dict[str, int] = {}  # case id -> variants drawn after it (a replay draws as many)
         self.reference_findings: list[dict] = []
         self.platforms: set[str] = set()  # where the subject really ran, from its records
         self.runner: CaseRunner | None = None
@@ -110,31 +119,86 @@ class Search:
         self.examples_to_find: int | None = None  # examples run until the first failure, it included
 
     # the property
-    def check(self, case: Case) -> None:
+    def check(self, case: Case, data, space: Space) -> None:
+        """The gate's verdict on `case`, then on cfg.variants value variants of it (cases.strategies
+        .value_variant, drawn from `data`: the same shapes, so the programs compiled for `case` run
+        them); FuzzFailure at the first that fails. Variants are drawn for a case first run while
+        searching, not while shrinking (each step of the shrinker is then one case), and for the same
+        case always alike, so that hypothesis replays a failure as it found it."""
         import hypothesis
 
-        j = self.seen.get(case.id)
-        if j is None:
-            now = time.perf_counter()
-            if self.t_found is None and now - self.t0 > self.cfg.time_s:
-                raise _TimeUp()
-            if self.t_found is not None and now - self.t_found > HYPOTHESIS_SHRINK_SHARE * self.cfg.shrink_time_s:
-                hypothesis.reject()  # shrinking out of time: only cases already run still count
-            j = self.evaluate(case)
-        else:
-            self.counts["cache_hits"] += 1
+        j = self.judged(case)
         if j.verdict in NOT_EVALUATED:
             hypothesis.reject()
-        for name, m in sorted(j.margins.items()):
+        margins = {name: dict(m) for name, m in j.margins.items()}
+        if j.failed:
+            raise FuzzFailure(case.id, j.verdict)
+        if case.id not in self.drawn_while_searching:
+            return self.steer(margins)
+        budget = self.cfg.variant_share * self.case_s.get(case.id, 0.0)
+        replay = self.variant_draws.get(case.id)  # as many draws as when it was first run
+        draws, spent, ids = 0, 0.0, {case.id}
+        while (
+            draws < replay
+            if replay is not None
+            else draws < 3 * self.cfg.variants and len(ids) <= self.cfg.variants and spent < budget
+        ):
+            v = data.draw(value_variant(space, case), label="variant")
+            draws += 1
+            if v.id in ids:  # a draw that repeats a case is skipped
+                continue
+            ids.add(v.id)
+            t = time.perf_counter()
+            jv = self.judged(v)
+            spent += time.perf_counter() - t
+            if jv.failed:
+                self.variant_draws.setdefault(case.id, draws)
+                raise FuzzFailure(v.id, jv.verdict)
+            for name, m in jv.margins.items():
+                worst = margins.setdefault(name, {})
+                for kind, x in m.items():
+                    if x is not None and (worst.get(kind) is None or x > worst[kind]):
+                        worst[kind] = x
+        self.variant_draws.setdefault(case.id, draws)
+        self.steer(margins)
+
+    @staticmethod
+    def steer(margins: dict) -> None:
+        """hypothesis.target towards the largest eps/tol and eps/bound per tensor (once per label)."""
+        import hypothesis
+
+        for name, m in sorted(margins.items()):
             for kind, x in m.items():
                 if x is not None and math.isfinite(x):
                     hypothesis.target(x, label=f"{name} {kind}")
-        if j.failed:
-            raise FuzzFailure(case.id, j.verdict)
+
+    def judged(self, case: Case) -> Judgement:
+        """The case's judgement: remembered, else run (hypothesis.reject while shrinking out of time;
+        _TimeUp when the search's time is up)."""
+        import hypothesis
+
+        j = self.seen.get(case.id)
+        if j is not None:
+            self.counts["cache_hits"] += 1
+            return j
+        now = time.perf_counter()
+        if self.t_found is None and now - self.t0 > self.cfg.time_s:
+            raise _TimeUp()
+        if self.t_found is not None and now - self.t_found > HYPOTHESIS_SHRINK_SHARE * self.cfg.shrink_time_s:
+            hypothesis.reject()  # shrinking out of time: only cases already run still count
+        if self.t_found is None:
+            self.drawn_while_searching.add(case.id)
+        return self.evaluate(case)
 
     def evaluate(self, case: Case) -> Judgement:
+        t = time.perf_counter()
         records = read_records(self.work, case, self.runner.run(case))
+        self.case_s[case.id] = time.perf_counter() - t
+        self.counts["xla_compiles"] += self.runner.timing.get("xla_compiles", 0)
+        self.compile_s += self.runner.timing.get("xla_compile_s", 0.0)
         j = judge(case, records, self.cfg.subject, self.cfg.factor)
+        if j.verdict not in NOT_EVALUATED:
+            self.class_ids.add(shape_class(case).id)
         if records.get(self.cfg.subject, {}).get("platform"):
             self.platforms.add(records[self.cfg.subject]["platform"])
         self.seen[case.id] = j
@@ -190,6 +254,7 @@ class Search:
     def run(self) -> dict:
         from hypothesis import HealthCheck, Phase, Verbosity, given, settings
         from hypothesis import seed as hseed
+        from hypothesis import strategies as st
         from hypothesis.database import DirectoryBasedExampleDatabase
         from hypothesis.errors import Unsatisfiable
 
@@ -208,14 +273,18 @@ class Search:
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
         )
         @hseed(self.seed)
-        @given(boundary_case(space, applies))
-        def prop(case):
-            self.check(case)
+        @given(boundary_case(space, applies), st.data())
+        def prop(case, data):
+            self.check(case, data, space)
 
         self.t0 = time.perf_counter()
         minimal, stopped = None, "max-examples"
         try:
             try:
+                for case in self.earlier_failures(space, applies):  # a rerun tries them first
+                    j = self.judged(case)
+                    if j.failed:
+                        raise FuzzFailure(case.id, j.verdict)
                 prop()
             except FuzzFailure as e:
                 minimal, stopped = e.case_id, "failure"
@@ -247,8 +316,36 @@ class Search:
             "worst": self.worst,
             "reference_findings": self.reference_findings,
             "platforms": sorted(self.platforms),
+            "variants": self.cfg.variants,
+            "shape_classes": len(self.class_ids),
+            "xla_compile_s": self.compile_s,
             "work": str(self.work),
         }
+
+    def earlier_failures(self, space: Space, applies) -> list[Case]:
+        """The cases of OUT/found.json this search could draw (its op, within the space, where the
+        subject has a kernel): a rerun tries them before anything else."""
+        out = []
+        for d in read_found(Path(self.cfg.out) / FOUND_FILE):
+            c = Case.from_dict(d)
+            if c.op == self.op and in_space(c, space) and (applies is None or applies(c)):
+                out.append(c)
+        return out
+
+
+def in_space(case: Case, space: Space) -> bool:
+    """Whether `case` is one the space's axes and bounds allow."""
+    return (
+        case.dtype in space.dtypes
+        and case.K in space.k_dims
+        and case.V in space.v_dims
+        and case.gate in space.gates
+        and case.chunk_size in space.chunk_sizes
+        and case.direction in space.directions
+        and case.H <= space.max_H
+        and case.T <= space.max_T
+        and space.fits(case)
+    )
 
 
 def database_dir(cfg: FuzzConfig, op: str) -> Path:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
+from parity.execute import compile_log
 from parity.model.spec import Unsupported
 
 GRAD_NAMES = {
@@ -148,6 +149,7 @@ def run_jax(fn: Callable, case: Case, inputs: dict[str, np.ndarray]) -> tuple[di
     import jax
     import jax.numpy as jnp
 
+    compile_log.install()
     diff = {n: jnp.asarray(inputs[n]) for n in differentiable_inputs(case, inputs)}
     cot = tuple(jnp.asarray(inputs[n]) for n in cotangent_names(case))
     program = jax_program(fn, case)
