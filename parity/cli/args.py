@@ -17,14 +17,18 @@ def _refuse(value, allowed: str):
     raise argparse.ArgumentTypeError(f"{value!r} is invalid: expected {allowed}")
 
 
-def positive_int(s: str) -> int:
+def _int_at_least(s: str, low: int) -> int:
     try:
         v = int(s)
     except ValueError:
-        _refuse(s, "an int >= 1")
-    if v < 1:
-        _refuse(s, "an int >= 1")
+        _refuse(s, f"an int >= {low}")
+    if v < low:
+        _refuse(s, f"an int >= {low}")
     return v
+
+
+def positive_int(s: str) -> int:
+    return _int_at_least(s, 1)
 
 
 def _finite(s: str, allowed: str) -> float:
@@ -53,13 +57,7 @@ def bound_factor(s: str) -> float:
 
 
 def count(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        _refuse(s, "an int >= 0")
-    if v < 0:
-        _refuse(s, "an int >= 0")
-    return v
+    return _int_at_least(s, 0)
 
 
 def max_ratio(s: str) -> float:
