@@ -206,6 +206,26 @@ def test_1_records_whose_inputs_differ_from_the_manifest_are_refused(tmp_path, r
     refused(rc, err, "input_hash 0000000000000000 differs from the one its manifest manifest-hashed.json recorded")
 
 
+def test_1_a_manifest_of_pairs_asks_for_exactly_its_pairs(tmp_path, records, capsys):
+    """A run that is not every case through every backend (parity mutants) lists its pairs: a
+    listed pair without a record is refused, a pair it never planned is not asked for, and a
+    pair naming a backend or case the manifest does not list is a malformed manifest."""
+    from parity.records.manifest import write_manifest
+
+    d = gate_dir(tmp_path / "d", records)
+    for m in d.glob("manifest-*.json"):
+        m.unlink()
+    pairs = [(TINY.id, "fla"), (TINY.id, "pallas"), (TINY2.id, "fla"), (TINY2.id, "pallas")]
+    write_manifest(d, "pairs", "test", list(records), ["fla", "pallas", "other"], pairs=pairs)
+    assert cli(["gate", d], capsys)[0] == 0  # nothing of backend "other" was planned: not missing
+    result_path(d, "pallas", TINY2.id).unlink()
+    rc, _, err = cli(["gate", d], capsys)
+    refused(rc, err, "missing", f"{TINY2.id} [pallas]")
+    write_manifest(d, "pairs", "test", list(records), ["fla", "pallas"], pairs=[*pairs[:3], (TINY2.id, "nope")])
+    rc, _, err = cli(["gate", d], capsys)
+    refused(rc, err, "pairs")
+
+
 def test_1_a_candidate_ok_with_no_tensors_fails(tmp_path, records, capsys):
     empty = {**records[TINY.id]["pallas"], "tensors": {}}
     rc, out, _ = cli(["gate", gate_dir(tmp_path / "d", records, {(TINY.id, "pallas"): empty})], capsys)

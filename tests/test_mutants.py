@@ -4,6 +4,8 @@ kernel passes the same gate; the score and the CLI's bad input."""
 from __future__ import annotations
 
 import functools
+import json
+import shutil
 
 import pytest
 
@@ -91,3 +93,171 @@ def test_kv_swapped_scale_is_invisible_where_k_equals_v(tmp_path):
         tpu_targets=(),
     )
     assert score(gate, [mutant])["caught"] == 0
+
+
+# ------------------------------------------------------------------ stopping at the first catch
+# scale-twice-intra is caught on its witness (A, first in its order); kv-swapped-scale is invisible
+# where K == V, so it must run every simple_gla case and no gla case.
+A = Case.from_id(BY_NAME["scale-twice-intra"].witness)
+B = Case("simple_gla", 1, 64, 1, 64, 64, gate="g_stress", direction="fwd")
+G = Case("gla", 1, 64, 1, 64, 64, direction="fwd")
+PAIR = ["scale-twice-intra", "kv-swapped-scale"]
+
+
+@pytest.fixture(scope="module")
+def early(tmp_path_factory):
+    from parity.cli.mutants import run_mutants
+
+    out = tmp_path_factory.mktemp("early")
+    result = run_mutants([B, G, A], out, jobs=2, names=PAIR, progress=False)
+    return out, result
+
+
+def _row(result, name):
+    return next(r for r in result["mutants"] if r["mutant"] == name)
+
+
+def _manifest_pairs(out):
+    (path,) = out.glob("manifest-*.json")
+    return {tuple(p) for p in json.loads(path.read_text())["pairs"]}
+
+
+def test_a_mutant_caught_on_its_first_case_runs_no_other(early):
+    out, result = early
+    row = _row(result, "scale-twice-intra")
+    assert row["caught"] and row["stops_at_first_catch"]
+    assert row["cases_tried"] == [A.id] and row["cases_run"] == 1 and row["cases_of_op"] == 2
+    assert [cb["case_id"] for cb in row["caught_by"]] == [A.id]
+    assert (out / "mutant-scale-twice-intra" / f"{A.id}.json").exists()
+    assert not (out / "mutant-scale-twice-intra" / f"{B.id}.json").exists()  # stopped: never ran B
+    pairs = _manifest_pairs(out)
+    assert (A.id, "mutant-scale-twice-intra") in pairs and (B.id, "mutant-scale-twice-intra") not in pairs
+
+
+def test_an_uncaught_mutant_runs_every_case_of_its_op_and_the_kernels_run_everywhere(early):
+    out, result = early
+    row = _row(result, "kv-swapped-scale")
+    assert not row["caught"] and row["cases_run"] == 2 and sorted(row["cases_tried"]) == sorted([A.id, B.id])
+    assert not list(out.glob(f"mutant-*/{G.id}.json"))  # a simple_gla mutant never runs a gla case
+    for backend in ("oracle", "fla", "pallas", "pallas-fused"):  # the unmutated side: every case
+        assert all((out / backend / f"{c.id}.json").exists() for c in (A, B, G)), backend
+    assert result["unmutated_failures"] == [], format_score(result)
+    saved = json.loads((out / "mutants.json").read_text())
+    assert saved["stops_at_first_catch"] and saved["caught"] == 1 and saved["total"] == 2
+    assert "stopped at the first case that caught it" in format_score(result)
+
+
+def test_the_gate_holds_the_run_to_the_pairs_it_planned(early, tmp_path, capsys):
+    """The cases a mutant never ran (it was caught) are not missing; a planned record is."""
+    from parity.cli import main
+
+    out, _ = early
+    assert main(["gate", str(out)]) == 1  # gated (the mutants fail it), not refused
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "mutant-kv-swapped-scale" / f"{B.id}.json").unlink()
+    capsys.readouterr()
+    assert main(["gate", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and f"{B.id} [mutant-kv-swapped-scale]" in err, err
+
+
+def test_all_cases_reproduces_the_full_matrix(tmp_path):
+    """--all-cases: every mutant on every case of its op, with the verdicts each case's own
+    run of every backend gives (the pre-schedule `parity mutants`, in-process)."""
+    from parity.cli.mutants import run_mutants
+
+    result = run_mutants([A, B], tmp_path / "all", jobs=2, names=PAIR, progress=False, all_cases=True)
+    for name in PAIR:
+        row = _row(result, name)
+        assert (
+            not row["stops_at_first_catch"]
+            and row["cases_run"] == 2
+            and sorted(row["cases_tried"]) == sorted([A.id, B.id])
+        )
+    gate = json.loads((tmp_path / "all" / "gate.json").read_text())
+    got = {(e["case_id"], e["candidate"]): e["verdict"] for e in gate["cases"] if e["candidate"].startswith("mutant-")}
+    want = {}
+    for case in (A, B):
+        ref = _run(case, ["fla", *(f"mutant:{n}" for n in PAIR)], tmp_path / case.id, tpu_targets=())
+        want.update({(e["case_id"], e["candidate"]): e["verdict"] for e in ref["cases"]})
+    assert got == want and len(got) == 4
+
+
+def test_the_schedule_joins_holds_and_stops(tmp_path):
+    """MutantSchedule alone (no workers), with a judge that passes everything: the mutant's next
+    case joins that case's queued unit and runs next, waits while that case's first unit runs, and
+    every case of its op is tried once; a judge that catches stops it."""
+    from parity.cli.mutants import MutantSchedule
+    from parity.execute.backends import parse_specs
+
+    mutant = BY_NAME["kv-swapped-scale"]
+    cases = [B, G, A, A.replace(seed=1)]
+    specs = parse_specs(["fla", "pallas", f"mutant:{mutant.name}"])
+    judged = []
+    plan = MutantSchedule(cases, specs, [mutant], lambda c, b: (judged.append(c.id), False)[1])
+    order = [c.id for c in plan.order[mutant.name]]
+    assert len(order) == 3 and G.id not in order
+    first = plan.take()  # the unit of the mutant's first case goes first
+    assert first[0].id == order[0] and [s.name for s in first[1]][-1] == f"mutant-{mutant.name}"
+    plan.finished(*first)
+    second = plan.take()  # its next case's queued unit, moved to the front, with the mutant in it
+    assert second[0].id == order[1] and f"mutant-{mutant.name}" in [s.name for s in second[1]]
+    third = plan.take()  # another case's first unit starts meanwhile: the mutant's last case
+    while third[0].id != order[2]:
+        plan.finished(*third)
+        third = plan.take()
+    plan.finished(*second)  # its last case's first unit is running: the mutant waits for it
+    assert plan.pending() and plan.held[order[2]] and order[2] not in [u[0].id for u in plan.queue]
+    plan.finished(*third)
+    rest = []
+    while (u := plan.take()) is not None:
+        rest.append(u)
+        plan.finished(*u)
+    assert rest[0][0].id == order[2] and [s.name for s in rest[0][1]] == [f"mutant-{mutant.name}"]
+    assert judged == order and not plan.pending()
+    assert {(c, b) for c, b in plan.pairs if b.startswith("mutant-")} == {(c, f"mutant-{mutant.name}") for c in order}
+
+    caught = MutantSchedule(cases, specs, [mutant], lambda c, b: True)
+    unit = caught.take()
+    caught.finished(*unit)
+    while (u := caught.take()) is not None:
+        assert all(s.kind != "mutant" for s in u[1])
+        caught.finished(*u)
+    assert caught.caught_at == {mutant.name: order[0]} and caught.tried[mutant.name] == order[:1]
+
+
+@requires_libtpu
+def test_a_mutant_whose_lowered_module_is_the_kernels_is_not_compiled_again(tmp_path):
+    """kv-swapped-scale where K == V takes V ** -0.5 == K ** -0.5: its lowered TPU module is
+    pallas's, byte for byte, so its compile record reuses pallas's compile (same_program_as);
+    where K != V, and for scale-twice-intra anywhere, the module differs and is compiled."""
+    from kernels_jax.common import mutation
+    from parity.execute import tpu_compile
+    from parity.execute.backends.jax_backends import PallasBackend
+
+    k_ne_v = Case.from_id(BY_NAME["kv-swapped-scale"].witness)
+    shas = {}
+    for case, same in ((A, True), (k_ne_v, False)):
+        out = tmp_path / case.id
+        backends = {
+            s: _backends(s) for s in ["oracle", "pallas", "mutant:kv-swapped-scale", "mutant:scale-twice-intra"]
+        }
+        run_case(case, list(backends), backends, out, "test-reuse", tpu_targets=("v5e",))
+        t = {
+            b: json.loads((out / b / f"{case.id}.compile.json").read_text())["targets"]["v5e"]
+            for b in ("pallas", "mutant-kv-swapped-scale", "mutant-scale-twice-intra")
+        }
+        pallas, kv, twice = t["pallas"], t["mutant-kv-swapped-scale"], t["mutant-scale-twice-intra"]
+        shas[case.id] = pallas["module_sha256"]
+        assert "same_program_as" not in pallas and "same_program_as" not in twice
+        assert twice["module_sha256"] != pallas["module_sha256"]
+        if same:
+            assert kv["same_program_as"] == "pallas" and kv["module_sha256"] == pallas["module_sha256"]
+            assert kv["ok"] and kv["kernels"] == pallas["kernels"] and kv["mosaic"] == pallas["mosaic"]
+        else:
+            assert "same_program_as" not in kv and kv["module_sha256"] != pallas["module_sha256"]
+    # compiled afresh, the mutant's program where K == V is the same module and compiles the same
+    with mutation.enabled("scale_from_v"):
+        fresh = tpu_compile.compile_case(PallasBackend("pallas").kernel(A), A, "v5e")
+    assert fresh["module_sha256"] == shas[A.id] and fresh["ok"] and "same_program_as" not in fresh

@@ -1,10 +1,14 @@
 """`parity run`: take cases through backends, compare against the oracle, write records.
 
-This module holds the run loop: `RunConfig`, `shard`, `run_cases` (workers handed cases,
-timeouts, signals, summary and manifests) and its `Progress` line. Cases run in worker
-processes (parity.execute.worker; spawned, `jobs` of them), so that a candidate that hangs
-is killed after `timeout` seconds and recorded as a timeout, and a crash of any kind
-becomes that case's error record; the run goes on and finished results are kept.
+This module holds the run loop: `RunConfig`, `shard`, `Schedule` (the units of work: a case and
+the backends to run on it), `run_cases` (workers handed units, timeouts, signals, summary and
+manifests) and its `Progress` line. By default every case goes through every backend in one
+unit; a Schedule may hold work back and add more as units finish (`parity mutants` stops a
+mutant at the first case that catches it), and the manifest then lists the (case, backend)
+pairs it planned. Units run in worker processes (parity.execute.worker; spawned, `jobs` of
+them), so that a candidate that hangs is killed after `timeout` seconds and recorded as a
+timeout, and a crash of any kind becomes that case's error record; the run goes on and
+finished results are kept.
 Within a case (parity.execute.case) the oracle runs first (cached on disk), then every
 other backend; each backend's outputs are compared against the oracle in the worker and
 only the JSON record travels back.
@@ -29,6 +33,8 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -70,6 +76,54 @@ def shard(cases: list[Case], index: int, count: int) -> list[Case]:
         raise ValueError(f"--shard {index}/{count}: expected I/N with 1 <= I <= N")
     ordered = sorted(cases, key=lambda c: c.id)
     return ordered[index - 1 :: count]
+
+
+class Schedule:
+    """The units of a run, handed out one at a time: (case, backends to run on it; BackendSpecs,
+    the oracle excluded: run_cases runs it first in every unit). This one runs every case through
+    every backend, one unit per case, in the cases' order. A subclass may hold units back (`take`
+    returns None while one waits) and plan more as units end (`finished`); every (case, backend)
+    pair it ever planned is in `pairs`, which the run's manifest lists."""
+
+    def __init__(self, cases: list[Case], specs: list):
+        self.cases, self.specs = list(cases), list(specs)
+        self.queue: deque[tuple[Case, list]] = deque()
+        self.pairs: dict[tuple[str, str], None] = {}  # (case_id, backend name), in planning order
+        self.planned = 0  # units planned so far
+        for c in self.initial_units():
+            self.plan(*c)
+
+    def initial_units(self) -> list[tuple[Case, list]]:
+        """The units known before the run starts."""
+        return [(c, list(self.specs)) for c in self.cases]
+
+    def plan(self, case: Case, specs: list, first: bool = False) -> None:
+        """Queue a unit (at the front when `first`) and remember its pairs."""
+        (self.queue.appendleft if first else self.queue.append)((case, list(specs)))
+        self.note(case, specs)
+        self.planned += 1
+
+    def note(self, case: Case, specs: list) -> None:
+        """Remember (case, backend) pairs as planned (the oracle's with them)."""
+        for name in ["oracle", *(s.name for s in specs)]:
+            self.pairs[(case.id, name)] = None
+
+    @property
+    def full_product(self) -> bool:
+        """Whether the plan is exactly every case through every backend (the manifest needs no pairs)."""
+        names = ["oracle", *(s.name for s in self.specs)]
+        return set(self.pairs) == {(c.id, n) for c in self.cases for n in names}
+
+    def take(self) -> tuple[Case, list] | None:
+        """The next unit to run, or None when none is ready now."""
+        return self.queue.popleft() if self.queue else None
+
+    def pending(self) -> bool:
+        """Whether units are left, ready or held back."""
+        return bool(self.queue)
+
+    def finished(self, case: Case, specs: list) -> None:
+        """A unit ended: every backend in `specs` has its record (a result, or why it has none)."""
 
 
 # ------------------------------------------------------------------ the parent
@@ -120,10 +174,11 @@ def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
                 p.unlink(missing_ok=True)
 
 
-def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
-    """Run every case through cfg.backends (parsed here, once; SpecError on a bad one); returns the
-    run summary (also written to summary.json). summary["interrupted"] is 'SIGINT' or 'SIGTERM'
-    when a signal ended the run early. cfg is not changed."""
+def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Callable = Schedule) -> dict:
+    """Run every case through cfg.backends (parsed here, once; SpecError on a bad one), in the
+    units `schedule(cases, specs)` plans (default: every case through every backend); returns
+    the run summary (also written to summary.json). summary["interrupted"] is 'SIGINT' or
+    'SIGTERM' when a signal ended the run early. cfg is not changed."""
     out_dir = Path(cfg.out_dir)
     run_id = cfg.run_id or uuid.uuid4().hex[:12]
     given = [as_spec(s) for s in cfg.backends]
@@ -131,17 +186,33 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
     if cfg.numerics:  # workers inherit it (parity.measure.tpu_numerics reads it on first use)
         os.environ[ENV] = check_model(cfg.numerics)
     names = [s.name for s in specs]
-    write_manifest(out_dir, run_id, "parity run", [c.id for c in cases], names, tpu_targets=cfg.tpu_targets)
+    plan = schedule(cases, specs[1:])
+
+    def manifest(hashes=None, completed=(), finished=False, interrupted=False):
+        write_manifest(
+            out_dir,
+            run_id,
+            "parity run",
+            [c.id for c in cases],
+            names,
+            hashes,
+            completed,
+            finished=finished,
+            interrupted=interrupted,
+            tpu_targets=cfg.tpu_targets,
+            pairs=None if plan.full_product else list(plan.pairs),
+        )
+
+    manifest()
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
-    pending = list(cases)
     lines: list[dict] = []
     timings: dict[str, dict] = {}
     workers: list[_Worker] = []
     pids = {os.getpid()}
     interrupted = None
-    retry: list[tuple[Case, list[str]]] = []
-    progress = Progress(len(cases), cfg.progress)
+    retry: list[tuple[Case, list, tuple[Case, list]]] = []  # (case, backends left, the unit they belong to)
+    progress = Progress(plan.planned, cfg.progress)
     main_thread = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
 
@@ -150,27 +221,40 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
         pids.add(w.proc.pid)
         return w
 
+    def unit_ended(unit: tuple[Case, list]) -> None:
+        progress.step(unit[0].id)
+        plan.finished(unit[0], unit[1][1:])
+        progress.total = plan.planned
+
     def fail(w: _Worker, status: str, err: str) -> None:
         """Record `status` for the backend the worker was on, and go on with the case's others."""
         failed, rest = w.fail(status, err, cfg.timeout_s)
-        if not failed:
-            return
-        lines.extend(failed)
+        lines.extend(failed)  # none when it died after its last backend's record
         if rest:
-            retry.append((w.case, rest))
+            retry.append((w.case, rest, w.unit))
         else:
-            progress.step(w.case.id)
+            unit_ended(w.unit)
 
     try:
-        workers = [spawn() for _ in range(max(1, min(cfg.jobs, len(cases))))]
+        workers = [spawn() for _ in range(max(1, min(cfg.jobs, plan.planned)))]
         idle = list(workers)
         busy: list[_Worker] = []
-        while pending or retry or busy:
-            while idle and (retry or pending):
+        while retry or busy or plan.pending():
+            while idle:
+                if retry:
+                    case, todo, unit = retry.pop(0)
+                else:
+                    unit = plan.take()
+                    if unit is None:
+                        break
+                    unit = (unit[0], specs[:1] + list(unit[1]))
+                    case, todo = unit
                 w = idle.pop()
-                case, todo = retry.pop(0) if retry else (pending.pop(0), specs)
                 w.give(case, todo)
+                w.unit = unit
                 busy.append(w)
+            if not busy:  # the schedule holds work back that nothing running can release
+                raise RuntimeError("the schedule holds units back while no worker is busy")
             ready = wait([w.conn for w in busy], timeout=1.0)
             for w in list(busy):
                 event = w.poll(w.conn in ready, cfg.timeout_s)
@@ -181,9 +265,10 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
                     lines.append(value)
                     continue
                 if kind == "case":
-                    timings[w.case.id] = value
+                    prev = timings.get(w.case.id)
+                    timings[w.case.id] = value if prev is None else {k: prev[k] + value[k] for k in value}
                     busy.remove(w)
-                    progress.step(w.case.id)
+                    unit_ended(w.unit)
                     if w.retired:  # it exited after this case (RETIRE_AT_MAPS): a fresh one in its place
                         fresh = spawn()
                         workers[workers.index(w)] = fresh
@@ -226,6 +311,7 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
         "backends": [s.text for s in specs],
         "jobs": cfg.jobs,
         "cases": len(cases),
+        "units": plan.planned,
         "wall_time_s": wall,
         "tpu_targets": list(cfg.tpu_targets),
         "interrupted": interrupted,
@@ -233,17 +319,11 @@ def run_cases(cases: list[Case], cfg: RunConfig) -> dict:
         "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
     }
     write_json(out_dir / "summary.json", encode_nonfinite(summary)[0])
-    write_manifest(
-        out_dir,
-        run_id,
-        "parity run",
-        [c.id for c in cases],
-        names,
+    manifest(
         {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
         {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)},
         finished=interrupted is None,
         interrupted=interrupted is not None,
-        tpu_targets=cfg.tpu_targets,
     )
     return summary
 

@@ -31,6 +31,13 @@ or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_pr
     numerics               the same classes predicted by the TPU numerics model for each
                            kernel's dots (parity.measure.tpu_numerics), and every kernel where the
                            compiled module and the model disagree
+    module_sha256          sha256 of the lowered module's text (StableHLO, the Mosaic kernels serialised
+                           in it), what the compiler is given
+    same_program_as        set instead of compiling: the backend of this case, in this run, whose
+                           lowered module for this target had the same module_sha256 (same jax and
+                           libtpu): its result is this one's (a mutant whose switch does not touch
+                           the case's kernels compiles nothing new); `seconds` is then the trace
+                           and lowering alone, and the numerics check is redone on this jaxpr
 A Pallas candidate whose compiled module holds no Mosaic kernel (interpret mode left on,
 seed 003) fails with that reason. `cost_analysis()` is not reported: it is not meaningful
 for Mosaic custom calls.
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import re
 import tempfile
@@ -62,7 +70,16 @@ from parity.measure import tpu_numerics
 from parity.model.host import libtpu_version, tpu_attached
 from parity.model.spec import Unsupported, as_spec
 from parity.model.targets import TARGETS
-from parity.records import base_record, compile_repro_command, compile_verdict, result_path, write_json
+from parity.records import (
+    RecordError,
+    base_record,
+    check_compile,
+    compile_repro_command,
+    compile_verdict,
+    read_checked,
+    result_path,
+    write_json,
+)
 
 DUMP_FLAG = "--xla_mosaic_dump_to"
 
@@ -106,9 +123,17 @@ def program_structs(case: Case, fn: Callable, sharding):
 
 
 def compile_case(
-    fn: Callable, case: Case, target: str, *, context: Callable = contextlib.nullcontext, expect_mosaic: bool = True
+    fn: Callable,
+    case: Case,
+    target: str,
+    *,
+    context: Callable = contextlib.nullcontext,
+    expect_mosaic: bool = True,
+    compiled: dict[str, tuple[str, dict]] | None = None,
 ) -> dict:
-    """Compile the case's program through fn for one TPU target (see the module docstring)."""
+    """Compile the case's program through fn for one TPU target (see the module docstring).
+    `compiled`: module_sha256 -> (backend, its result) of modules this run already compiled for
+    this target; a lowered module among them is not compiled again (same_program_as)."""
     # late: jax and kernels_jax.common.platform (which imports jax) are heavy; the runner imports this module
     import jax
 
@@ -126,7 +151,11 @@ def compile_case(
             out["default_device"] = _default_device()
             traced = jax.jit(program).trace(diff, cot)
             lowered = traced.lower()
-            compiled = lowered.compile()
+            out["module_sha256"] = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+            same = (compiled or {}).get(out["module_sha256"])
+            if same is not None:
+                return _same_program(out, *same, traced, t0, expect_mosaic)
+            executable = lowered.compile()
     except Exception as e:  # noqa: BLE001 - a compile error is this target's result
         out.update(seconds=time.perf_counter() - t0, **describe_error(e))
         new = _dump_files() - before
@@ -135,9 +164,9 @@ def compile_case(
         _clear_dumps(new)
         return out
     out["seconds"] = time.perf_counter() - t0
-    text = compiled.as_text()
+    text = executable.as_text()
     out["kernels"] = mosaic_kernel_names(text)
-    out["memory"] = _memory(compiled)
+    out["memory"] = _memory(executable)
     new = _dump_files() - before
     try:
         out["mosaic"] = _read_mosaic(new)
@@ -151,6 +180,11 @@ def compile_case(
         out["numerics"] = {"error": f"{e} (libtpu {libtpu_version()})"}
     finally:
         _clear_dumps(new)
+    return _judged(out, expect_mosaic)
+
+
+def _judged(out: dict, expect_mosaic: bool) -> dict:
+    """A module that compiled: ok, unless it claims to be a Pallas kernel and holds no Mosaic kernel."""
     if expect_mosaic and not out["kernels"]:
         out["error"] = (
             "no Mosaic kernel in the compiled TPU module: the Pallas kernel did not compile "
@@ -160,6 +194,43 @@ def compile_case(
         return out
     out["ok"] = True
     return out
+
+
+def _same_program(out: dict, backend: str, result: dict, traced, t0: float, expect_mosaic: bool) -> dict:
+    """`out` given `result`, the same lowered module compiled for `backend`: its compile error, or
+    its compiled module judged for this candidate (expect_mosaic) with the numerics check redone
+    on this program's own jaxpr against that compile's Mosaic modules."""
+    out.update(same_program_as=backend, seconds=time.perf_counter() - t0)
+    if "kernels" not in result:  # the compiler refused the module
+        out.update({k: result[k] for k in ("error", "error_line", "error_op", "vmem") if k in result})
+        return out
+    out.update({k: result[k] for k in ("kernels", "memory", "mosaic", "numerics") if k in result})
+    if out.get("mosaic"):
+        out["numerics"] = numerics_check(model_matmuls(traced.jaxpr), out["mosaic"])
+    return _judged(out, expect_mosaic)
+
+
+def compiled_in_run(out_dir: Path, case_id: str, run_id: str, skip: str) -> dict[str, dict[str, tuple[str, dict]]]:
+    """target -> module_sha256 -> (backend, result) of the modules compiled (not themselves
+    reused) for `case_id` by run `run_id` under this jax and libtpu, from the compile records in
+    `out_dir` (other than backend `skip`'s); an unreadable record is passed over."""
+    import jax  # late: heavy (runner imports this module)
+
+    found: dict[str, dict[str, tuple[str, dict]]] = {}
+    for path in sorted(Path(out_dir).glob(f"*/{case_id}.compile.json")):
+        try:
+            rec = read_checked(path)
+            check_compile(rec, path)
+        except RecordError:
+            continue
+        if (rec["run_id"], rec.get("libtpu"), rec.get("jax")) != (run_id, libtpu_version(), jax.__version__):
+            continue
+        if rec["backend"] == skip or rec["case_id"] != case_id:
+            continue
+        for target, r in rec["targets"].items():
+            if r.get("module_sha256") and not r.get("same_program_as"):
+                found.setdefault(target, {}).setdefault(r["module_sha256"], (rec["backend"], r))
+    return found
 
 
 def _default_device() -> str:
@@ -233,12 +304,20 @@ def _clear_dumps(paths) -> None:
 
 
 # ------------------------------------------------------------------ records
-def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id: str) -> dict:
-    """The kind "compile" record of one case and candidate over the TPU targets."""
+def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id: str, compiled=None) -> dict:
+    """The kind "compile" record of one case and candidate over the TPU targets (`compiled`:
+    compiled_in_run's, modules not to compile again)."""
     import jax  # late: heavy (runner imports this module)
 
     results = {
-        t: compile_case(subject.fn, case, t, context=subject.context, expect_mosaic=subject.expect_mosaic)
+        t: compile_case(
+            subject.fn,
+            case,
+            t,
+            context=subject.context,
+            expect_mosaic=subject.expect_mosaic,
+            compiled=(compiled or {}).get(t),
+        )
         for t in targets
     }
     rec = base_record(case, spec, backend, "candidate", "", run_id)
@@ -267,6 +346,7 @@ def compile_for_targets(case: Case, spec, backend, targets, out_dir: Path, run_i
     except Unsupported:
         return None
     spec = as_spec(spec)
-    rec = compile_record(case, spec.text, spec.name, subject, targets, run_id)
+    compiled = compiled_in_run(out_dir, case.id, run_id, spec.name)
+    rec = compile_record(case, spec.text, spec.name, subject, targets, run_id, compiled)
     write_json(result_path(Path(out_dir), spec.name, case.id, kind="compile"), rec)
     return rec

@@ -99,6 +99,7 @@ class _Worker:
         self.started = 0.0
         self.input_hash: str | None = None
         self.retired = False  # it said after its last case that it exits (RETIRE_AT_MAPS)
+        self.unit = None  # (case, backends) of the run's schedule this work belongs to (parity.execute.runner)
 
     def give(self, case: Case, todo: list[str]):
         """The timer starts now: building inputs and backends counts towards the first backend's timeout."""

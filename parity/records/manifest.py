@@ -7,7 +7,10 @@
         interrupted (SIGINT or SIGTERM); tpu_targets (the TPU targets every candidate that ran
         must have a compile record for: DIR/<backend>/<case_id>.compile.json) and, for
         `parity compile` (which writes no result records), compiles ([case_id, backend] pairs
-        it was meant to compile).
+        it was meant to compile); pairs ([case_id, backend] pairs), present when the run was
+        not every case through every backend (`parity mutants` stops a mutant at the first
+        case that catches it): exactly the records it planned, each case in cases and each
+        backend in backends.
 
 Every writer of records writes one: `parity run` before its first worker starts and again
 at the end, the pytest plugin at collection. `parity gate` checks every manifest under a
@@ -47,7 +50,9 @@ def write_manifest(
     interrupted: bool = False,
     tpu_targets=(),
     compiles=(),
+    pairs=None,
 ) -> Path:
+    """Write DIR/manifest-<run_id>.json; `pairs` None: every case through every backend."""
     hashes = input_hashes or {}
     path = manifest_path(out_dir, run_id)
     write_json(
@@ -66,6 +71,7 @@ def write_manifest(
             "interrupted": interrupted,
             "tpu_targets": list(tpu_targets),
             "compiles": sorted([list(p) for p in compiles]),
+            **({} if pairs is None else {"pairs": [list(p) for p in pairs]}),
         },
     )
     return path
@@ -103,6 +109,13 @@ def check_manifest(m, path: Path) -> dict:
         for p in pairs
     ):
         bad("compiles", pairs, "a list of [case_id, backend] pairs")
+    if "pairs" in m:
+        ids, names = {c["id"] for c in cases}, set(backends)
+        pairs = m["pairs"]
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and p[0] in ids and p[1] in names for p in pairs
+        ):
+            bad("pairs", pairs, "a list of [case_id, backend] pairs of its cases and backends")
     return m
 
 
@@ -116,6 +129,8 @@ def expected_records(path: Path, m: dict) -> list[tuple[str, str, Path]]:
     (none for `parity compile`, which executes nothing: its records are expected_compiles)."""
     if m.get("writer") == "parity compile":
         return []
+    if "pairs" in m:
+        return [(c, b, path.parent / b / f"{c}.json") for c, b in dict.fromkeys(map(tuple, m["pairs"]))]
     return [(c["id"], b, path.parent / b / f"{c['id']}.json") for c in m["cases"] for b in m["backends"]]
 
 
