@@ -16,6 +16,9 @@ if [ ! -f "$stamp" ]; then
     else "$VPY" -m pip install -q "torch==2.13.0"; fi
   fi
   "$VPY" -m pip install -q -e ".[test]"
+  # examples/tpu_inference_gdn's kernels (tests/test_examples.py runs them): tpu-inference from
+  # the registry without its dependencies (vLLM); its GDN kernels import only jax
+  "$VPY" -m pip install -q --no-deps "tpu-inference==0.32.0"
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     # the real TPU compiler (deviceless compile for TPU targets): the libtpu jax's own `tpu`
     # extra pins for the installed jax, never a newer one; execution stays on the CPU

@@ -10,10 +10,13 @@ broken, to show that a failing candidate is recorded without stopping a run.
 Simple GLA (examples/my_kernels) with its float32 einsums DEFAULT (one bf16 MXU pass on a
 TPU) or HIGHEST: under the TPU numerics model (parity.measure.tpu_numerics) the first is less
 accurate than FLA on a GPU, the second is not.
+`cut_gradients` is recurrent_scan with every input's gradient cut (right forward, zero
+backward); `forward_only_scan` is the same declared forward-only (`forward_only = True`).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import jax
@@ -80,3 +83,33 @@ def chunked_jax_default(q, k, v, **kw):
 def chunked_jax_highest(q, k, v, **kw):
     """The same at HIGHEST (six bf16 passes on a TPU): its accurate twin."""
     return chunked_simple_gla(q, k, v, **kw, precision=jax.lax.Precision.HIGHEST)
+
+
+def cut_gradients(
+    q, k, v, g=None, g_gamma=None, beta=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None
+):
+    """recurrent_scan on stop_gradient'ed inputs: the forward right, every gradient zero."""
+    cut = lambda x: None if x is None else jax.lax.stop_gradient(x)
+    return recurrent_scan(
+        cut(q),
+        cut(k),
+        cut(v),
+        cut(g),
+        cut(g_gamma),
+        cut(beta),
+        scale,
+        cut(initial_state),
+        output_final_state,
+        cu_seqlens,
+    )
+
+
+def forward_only_scan(q, k, v, *args, **kw):
+    """cut_gradients, declared forward-only: judged on (o, ht) of every case."""
+    return cut_gradients(q, k, v, *args, **kw)
+
+
+forward_only_scan.__signature__ = inspect.signature(cut_gradients)  # no chunk_size, as cut_gradients
+
+
+forward_only_scan.forward_only = True

@@ -288,3 +288,86 @@ def test_a_compile_record_whose_verdict_its_targets_contradict_is_refused(tmp_pa
     capsys.readouterr()
     assert main(["gate", str(tmp_path)]) == 2
     assert "field verdict='pass' is invalid: expected 'compile-error'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ dots the compiler keeps off the MXU
+def _rows_dots(target):
+    """compile_case's result for a program of two Pallas kernels: rows_dot(1) and rows_dot(8)."""
+    import jax.numpy as jnp
+
+    from tests.tpu_candidates import rows_dot
+
+    def fn(q, k, v, **kw):
+        x = jnp.ones((8, 128), jnp.float32) * q[0, 0, 0, 0].astype(jnp.float32)  # keeps q in the program
+        total = rows_dot(1)(x, jnp.ones((1, 128))).sum() + rows_dot(8)(x, jnp.ones((8, 128))).sum()
+        return total * jnp.ones_like(v), None
+
+    return tpu_compile.compile_case(fn, FWD, target)
+
+
+@requires_libtpu
+@pytest.mark.parametrize("target", list(targets.DEFAULT_TARGETS))
+def test_a_dot_the_compiler_keeps_on_the_vector_unit_is_decided_from_the_compile(target):
+    """x [8, 128] against one row y [1, 128] (x @ y.T, float32 DEFAULT) compiles to no MXU matmul
+    (the vector unit, float32); against 8 rows, to float32 MXU passes. The check decides the
+    first kernel's f32x1 dots are on the vector unit and agrees on both; a kernel whose
+    compiled MXU class the model has no dot of still disagrees."""
+    r = _rows_dots(target)
+    assert r["ok"], r.get("error")
+    assert r["mosaic"]["rows_dot_1"]["matmuls"] == {}, r["mosaic"]
+    assert set(r["mosaic"]["rows_dot_8"]["matmuls"]) == {"f32x1"}, r["mosaic"]
+    check = r["numerics"]
+    assert check["vector_unit"] == {"rows_dot_1": ["f32x1"]} and not check["mismatches"], check
+    assert check["kernels"]["rows_dot_1"]["vector_unit"] == ["f32x1"] and check["kernels"]["rows_dot_8"]["agree"]
+    model = {"rows_dot_1": {"f32x1": 1}, "rows_dot_8": {"bf16": 1}}  # the model computing it in bf16: wrong
+    wrong = mosaic_llo.numerics_check(model, r["mosaic"])
+    assert wrong["mismatches"] == [
+        "rows_dot_8: model ['bf16'], compiled ['f32x1'] (compiled ['f32x1'] that the model has no dot of)"
+    ]
+
+
+def test_kernels_are_named_as_mosaic_names_them_not_by_their_index_maps():
+    """Mosaic quotes a kernel name that is not an MLIR identifier; the kernel is the module's first
+    function, its index maps (transform_0, ...) follow: the matmuls are the kernel's."""
+    text = LLO_V5E.replace("func.func @my_kernel(", 'func.func @"decoding_gdn-bt_8"(') + (
+        "\n  func.func @transform_0(%arg0: i32) -> (i32, i32) {\n  }"
+    )
+    name, info = mosaic_llo.parse_llo(text)
+    assert name == "decoding_gdn-bt_8" and info["matmuls"] == {"bf16": 1, "f32x1": 1, "f32x6": 1}
+    check = mosaic_llo.numerics_check({"decoding_gdn-bt_8": {"f32x1": 4}}, {name: info})
+    assert check["mismatches"] == [
+        "decoding_gdn-bt_8: model ['f32x1'], compiled ['bf16', 'f32x1', 'f32x6'] "
+        "(compiled ['bf16', 'f32x6'] that the model has no dot of)"
+    ]
+    one_side = mosaic_llo.numerics_check({"k": {"f32x1": 1}}, {"transform_0": {"matmuls": {"f32x1": 1}}})
+    assert sorted(one_side["mismatches"]) == [
+        "k: model ['f32x1'], compiled no MXU matmul (no compiled Mosaic kernel of this name)",
+        "transform_0: model no dots, compiled ['f32x1'] (no Pallas kernel of this name in the program)",
+    ]
+
+
+@requires_libtpu
+def test_a_candidate_runs_with_the_decision_of_its_compile_and_its_record_says_so(tmp_path, monkeypatch):
+    """parity run compiles a jax candidate before running it: rows_dot_1 (the vector unit on v5e)
+    is computed in float32 in interpret mode, and the record names the kernel and the compile;
+    without TPU targets, every dot on the MXU, said as such."""
+    from parity.execute import tpu_identity
+    from tests.helpers import run
+
+    monkeypatch.setenv(tpu_identity.ENV, "v5e")  # interpret mode emulates v5e, whatever ran before
+    monkeypatch.setenv(tpu_identity.SOURCE_ENV, "--tpu-interpret-as")
+
+    spec = "vpu=pallas:tests.tpu_candidates:vpu_dot"
+    run([FWD], ["oracle", spec], tmp_path / "v5e", tpu_targets=("v5e",))
+    rec = json.loads((tmp_path / "v5e" / "vpu" / f"{FWD.id}.json").read_text())
+    decided = rec["notes"]["tpu_numerics"]
+    assert decided["vector_unit"] == {"rows_dot_1": ["f32x1"]}, (decided, rec["notes"])
+    assert decided["source"].startswith("compile for v5e (TPU v5 lite, libtpu ")
+    assert rec["status"] == "ok" and rec["notes"]["tpu_identity"]["emulated"] == "v5e"
+    crec = json.loads((tmp_path / "v5e" / "vpu" / f"{FWD.id}.compile.json").read_text())
+    assert crec["targets"]["v5e"]["numerics"]["vector_unit"] == {"rows_dot_1": ["f32x1"]}
+    run([FWD], ["oracle", spec], tmp_path / "none", tpu_targets=())
+    rec = json.loads((tmp_path / "none" / "vpu" / f"{FWD.id}.json").read_text())
+    assert rec["notes"]["tpu_numerics"]["vector_unit"] == {} and rec["notes"]["tpu_numerics"]["source"].startswith(
+        "none: no compile"
+    )

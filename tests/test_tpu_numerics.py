@@ -135,3 +135,30 @@ def test_plain_jax_default_einsums_fail_the_bound_under_the_model_only(numerics,
     import json
 
     assert {json.loads(p.read_text())["numerics"] for p in records} == {numerics}
+
+
+def test_dots_decided_on_the_vector_unit_are_float32_and_only_in_their_kernel():
+    """Inside tpu_numerics.deciding, the decided kernel's dots of the decided class are float32
+    (the vector unit); the same dot in another kernel stays one bf16 MXU pass."""
+    from tests.tpu_candidates import rows_dot
+
+    x = RNG.standard_normal((8, 128)).astype(np.float32)
+    y = RNG.standard_normal((1, 128)).astype(np.float32)
+    float32 = x.astype(np.float64) @ y.astype(np.float64).T
+    mxu = _bf16(x).astype(np.float64) @ _bf16(y).astype(np.float64).T
+
+    def both():
+        with pltpu.force_tpu_interpret_mode():
+            return np.asarray(rows_dot(1)(x, y)), np.asarray(rows_dot(8)(x, np.repeat(y, 8, 0)))[:, :1]
+
+    with tpu_numerics.using("tpu-mxu-v1"):
+        mxu1, mxu8 = both()
+        with tpu_numerics.deciding({"rows_dot_1": ["f32x1"]}, "test"):
+            assert tpu_numerics.decision() == {"vector_unit": {"rows_dot_1": ["f32x1"]}, "source": "test"}
+            vpu1, still8 = both()
+        assert tpu_numerics.decision()["vector_unit"] == {}
+        again1, _ = both()
+    assert _rel(mxu1, mxu) < 1e-6 and _rel(mxu1, float32) > 1e-4  # undecided: an MXU pass
+    assert _rel(vpu1, float32) < 1e-6  # decided: float32
+    assert np.array_equal(still8, mxu8) and _rel(mxu8, mxu) < 1e-6  # the other kernel is untouched
+    assert np.array_equal(again1, mxu1)  # and the decision ends with its block (no cached lowering)

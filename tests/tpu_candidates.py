@@ -11,6 +11,13 @@ kernel of their own computed, so they pass where chunk_simple_gla passes:
     tpu_info_block  reads pltpu.get_tpu_info() at trace time to choose its block (the MXU's
                     column size: 128 on v5e, 256 on v6e and TPU7x), as tpu-inference's GDN
                     kernels read num_lanes; what it read is appended to SEEN
+Dots the compiler keeps off the MXU (the TPU numerics model decides from the compile):
+    rows_dot(n)     a Pallas kernel named f"rows_dot_{n}": x [M, K] against n rows y [n, K],
+                    x @ y.T, float32 at DEFAULT precision. With n = 1 (a matrix times one
+                    vector given as a row) Mosaic computes it on the vector unit: no MXU
+                    matmul in its module on v5e, v6e, TPU7x (libtpu 0.0.42); with n = 8, one
+                    float32 MXU pass
+    vpu_dot         Simple GLA times 1.0 computed by rows_dot(1) (forward cases only)
 For the compiler's out-of-VMEM messages (also Simple GLA times 1.0):
     vmem_hog        a VMEM scratch of 200 MiB: more than any target's VMEM
     vmem_scoped     blocks of 24 MiB in and 24 MiB out: over XLA's default scoped VMEM limit
@@ -122,3 +129,26 @@ def vmem_scoped(q, k, v, **kw):
 
 
 vmem_hog.supports = vmem_scoped.supports = _forward_only
+
+
+def rows_dot(n: int):
+    """fn(x [M, K] f32, y [n, K] f32) -> x @ y.T [M, n]: one Pallas kernel, `rows_dot_{n}`."""
+
+    def kernel(x_ref, y_ref, o_ref):
+        dims = (((1,), (1,)), ((), ()))
+        o_ref[...] = jax.lax.dot_general(x_ref[...], y_ref[...], dims, preferred_element_type=jnp.float32)
+
+    def fn(x, y):
+        out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+        return pl.pallas_call(kernel, out_shape=out, name=f"rows_dot_{n}")(x, y)
+
+    return fn
+
+
+def vpu_dot(q, k, v, **kw):
+    o, ht = chunk_simple_gla(q, k, v, **kw)
+    one = rows_dot(1)(jnp.ones((8, 128), jnp.float32), jnp.full((1, 128), 1 / 128, jnp.float32))
+    return o * jnp.min(one).astype(o.dtype), ht
+
+
+vpu_dot.supports = _forward_only

@@ -140,10 +140,12 @@ def format_compile_table(records: list[dict], verbose: bool = False) -> str:
         if verbose:
             for t, x in r["targets"].items():
                 for kernel, k in (x.get("mosaic") or {}).items():
-                    agree = (x.get("numerics", {}).get("kernels", {}).get(kernel) or {}).get("agree")
+                    check = x.get("numerics", {}).get("kernels", {}).get(kernel) or {}
+                    off = check.get("vector_unit")
                     lines.append(
                         f"    {t} {kernel}: vmem {k['vmem_bytes'] / 1024:.0f} KiB, weight loads "
                         f"{k['weight_loads']}, matmuls {k['matmuls'] or 'none'}; model "
-                        f"{'agrees' if agree else 'DISAGREES'}"
+                        f"{'agrees' if check.get('agree') else 'DISAGREES'}"
+                        + (f" (its {', '.join(off)} dots on the vector unit, float32)" if off else "")
                     )
     return "\n".join(lines)

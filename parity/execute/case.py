@@ -8,6 +8,7 @@ plugin.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
@@ -16,11 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from cases import Case, input_hash, make_inputs
+from parity.execute import tpu_identity
 from parity.execute.backends import BackendResult, as_spec, execute, make_backend
 from parity.execute.backends.oracle import cached_oracle
 from parity.execute.tpu_compile import compile_for_targets
+from parity.measure import tpu_numerics
 from parity.measure.compare import compare_tensor
-from parity.records import ResultRecord, base_record, result_path, worst_verdict, write_record
+from parity.records import UNJUDGED, ResultRecord, base_record, result_path, worst_verdict, write_record
 from references import error_scales
 
 
@@ -30,6 +33,8 @@ def _tensor_records(case, result, oracle, scales) -> dict:
     for name in case.output_names():
         if name in result.tensors:
             recs[name] = compare_tensor(case, name, result.tensors[name], oracle[name], scales.get(name))
+        elif name in result.notes.get("not_judged", {}):
+            recs[name] = {"verdict": "not-judged", "reason": result.notes["not_judged"][name]}
         else:
             reason = result.notes.get("unsupported_tensors", {}).get(name, "not returned")
             recs[name] = {"verdict": "unsupported", "reason": reason}
@@ -72,11 +77,8 @@ def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> Resu
     else:
         rec["tensors"] = _tensor_records(case, result, oracle, scales or {})
         tv = [t["verdict"] for t in rec["tensors"].values()]
-        rec["verdict"] = (
-            worst_verdict([v for v in tv if v != "unsupported"])
-            if any(v != "unsupported" for v in tv)
-            else "unsupported"
-        )
+        judged = [v for v in tv if v not in UNJUDGED]
+        rec["verdict"] = worst_verdict(judged) if judged else "unsupported"
     return rec
 
 
@@ -130,6 +132,42 @@ def build_backends(specs: list) -> dict:
     return out
 
 
+def compile_then_execute(case, spec, backend, inputs, tpu_targets, out_dir, run_id):
+    """(result, compile record or None, compile-check traceback or None) of one backend on one
+    case: a jax candidate is compiled for `tpu_targets` first (compile_for_targets) and run
+    with the TPU numerics model's decision from its compile for the target TPU interpret mode
+    emulates (tpu_numerics.deciding: its dots the compiler left to the vector unit computed in
+    float32); without that compile, every dot is an MXU dot. A candidate that turns out not to
+    support the case keeps no compile record (as if never compiled)."""
+    crec, error = None, None
+    if spec.side == "candidate" and tpu_targets:
+        try:
+            crec = compile_for_targets(case, spec, backend, tpu_targets, out_dir, run_id)
+        except Exception:  # noqa: BLE001 - a compile-check bug must not lose the run
+            error = traceback.format_exc(limit=-4)
+    with _numerics_decided(crec):
+        result = execute(backend, case, inputs)
+    if crec is not None and result.status == "unsupported":
+        result_path(Path(out_dir), spec.name, case.id, kind="compile").unlink(missing_ok=True)
+        crec = None
+    return result, crec, error
+
+
+def _numerics_decided(crec):
+    """tpu_numerics.deciding from the compile record's result for the emulated target; a no-op
+    without one."""
+    target = tpu_identity.interpret_target()[0]
+    r = (crec or {}).get("targets", {}).get(target)
+    if r is None:
+        return contextlib.nullcontext()
+    where = f"compile for {target} ({r.get('device_kind', '?')}, libtpu {crec.get('libtpu')})"
+    numerics = r.get("numerics") or {}
+    if not r.get("ok") or "vector_unit" not in numerics:
+        why = numerics.get("error") or r.get("error_line") or "not compiled"
+        return tpu_numerics.deciding({}, f"none: the {where} gave no decision ({why[:200]}); every dot on the MXU")
+    return tpu_numerics.deciding(numerics["vector_unit"], where)
+
+
 def run_case(
     case: Case,
     todo: list,
@@ -156,6 +194,7 @@ def run_case(
     for item in todo:
         spec = as_spec(item)
         name = spec.name
+        compile_error = None
         on_start(item)
         b = backends[item]
         if isinstance(b, Exception):
@@ -178,8 +217,14 @@ def run_case(
             if spec.side != "oracle" and oracle is None:
                 full = cached_oracle(case, inputs)[0]
                 oracle, scales = {n: full[n] for n in case.output_names()}, error_scales(full)
-            result = execute(b, case, inputs)
+            # a jax candidate is compiled first: its compile decides which of its dots the TPU
+            # numerics model computes on the vector unit while it runs (compile_then_execute)
+            t_compile = time.perf_counter()
+            result, crec, compile_error = compile_then_execute(case, spec, b, inputs, tpu_targets, out_dir, run_id)
+            compile_wall += time.perf_counter() - t_compile - (result.wall_time_s or 0.0)
             backend_wall += result.wall_time_s or 0.0
+            if crec is not None:
+                compiles.append(crec)
             if spec.side == "oracle" and result.status == "ok":
                 oracle, scales = result.tensors, result.notes["error_scales"]
         try:
@@ -189,19 +234,10 @@ def run_case(
                 result, status="error", tensors={}, error="comparison failed:\n" + traceback.format_exc(limit=-4)
             )
             rec = _record(case, spec, result, oracle, h, run_id, scales)
+        if compile_error:
+            rec["notes"]["compile_check_error"] = compile_error
         rec = write_record(result_path(Path(out_dir), name, case.id), rec)
         records.append(rec)
-        if result.status != "unsupported" and not isinstance(b, Exception):
-            t_compile = time.perf_counter()
-            try:
-                crec = compile_for_targets(case, spec, b, tpu_targets, out_dir, run_id)
-            except Exception:  # noqa: BLE001 - a compile-check bug must not lose the run
-                crec = None
-                rec["notes"]["compile_check_error"] = traceback.format_exc(limit=-4)
-                rec = write_record(result_path(Path(out_dir), name, case.id), rec)
-            if crec is not None:
-                compiles.append(crec)
-            compile_wall += time.perf_counter() - t_compile
         on_done(_summary_line(rec))
     return (
         records,

@@ -32,9 +32,9 @@ _MATMUL = re.compile(r'llo\.vmatmul(?:\.\w+)*"\([^)]*\)\s*<\{([^}]*)\}')
 def parse_llo(text: str) -> tuple[str, dict]:
     """(kernel name, {vmem_bytes, weight_loads, matmuls: {class: instructions}}) of one
     post-lower-to-llo module."""
-    m = re.search(r"func\.func @([\w.$-]+)\(([^{]*?)\)\s*attributes", text, re.S) or re.search(
-        r"func\.func @([\w.$-]+)\((.*?)\{", text, re.S
-    )
+    # the kernel is the module's first function (the index maps, transform_0..., follow it); MLIR
+    # quotes a symbol name that is not an identifier: @"decoding_gdn-bt_8"
+    m = re.search(r'func\.func @(?:"([^"]+)"|([\w.$]+))\(', text)
     if not m:
         raise LloFormatError("no func.func in Mosaic's post-lower-to-llo module")
     head = text[m.start() : text.find("\n", m.end())]
@@ -53,7 +53,7 @@ def parse_llo(text: str) -> tuple[str, dict]:
         classes[_matmul_class(fmt.group(1), mode.group(1))] += 1
     if "llo.vmatmul" in text and not classes:
         raise LloFormatError("llo.vmatmul present but none parsed")
-    return m.group(1), {
+    return m.group(1) or m.group(2), {
         "vmem_bytes": vmem,
         "weight_loads": text.count('llo.vdwg"'),
         "matmuls": dict(sorted(classes.items())),
@@ -87,22 +87,17 @@ def _memref_bytes(shape: str, elem: str, tile: str) -> int:
 
 # ------------------------------------------------------------------ the model's side
 def model_matmuls(closed_jaxpr) -> dict[str, dict[str, int]]:
-    """{kernel name: {class: dots}}: each Pallas kernel's dots as the TPU numerics model
-    computes them (dots outside kernels are XLA's, not Mosaic's, and are not listed)."""
-    from jax._src.interpreters import mlir  # late: jax is heavy, only a compile needs it
-
+    """{kernel name: {class: dots}}: each Pallas kernel's dots as the TPU numerics model computes
+    them on the MXU (dots outside kernels are XLA's, not Mosaic's, and are not listed)."""
     out: dict[str, Counter] = {}
     for eqn in _walk(closed_jaxpr.jaxpr):
         if eqn.primitive.name != "pallas_call":
             continue
-        # the name Mosaic gives the kernel: pallas_call's name=, else the kernel function's
-        name = mlir.sanitize_name(eqn.params["name"] or eqn.params["jaxpr"].debug_info.func_name)
-        counts = out.setdefault(name, Counter())
+        counts = out.setdefault(tpu_numerics.kernel_name(eqn.params), Counter())
         for inner in _walk(eqn.params["jaxpr"]):
             if inner.primitive.name == "dot_general":
                 a, b = (v.aval.dtype for v in inner.invars[:2])
-                n = tpu_numerics.passes(a, b, inner.params.get("precision"))
-                counts[{0: "bf16", 1: "f32x1", 3: "f32x3", 6: "f32x6"}[n]] += 1
+                counts[tpu_numerics.dot_class(a, b, inner.params.get("precision"))] += 1
     return {k: dict(sorted(v.items())) for k, v in out.items()}
 
 
@@ -115,24 +110,54 @@ def _walk(jaxpr):
             yield from _walk(sub)
 
 
+def vector_unit(model: dict, compiled: dict) -> dict[str, list[str]]:
+    """{kernel: [class, ...]}: the classes of a Pallas kernel's dots that its compiled module
+    computes without the MXU (the model has dots of the class, Mosaic emitted no MXU matmul of
+    it: the vector unit, in float32). Only kernels in both; decided per kernel and class (a
+    kernel with two float32 DEFAULT dots, one on each unit, reads as both on the MXU)."""
+    out = {}
+    for name in sorted(set(model) & set(compiled)):
+        got = set((compiled[name] or {}).get("matmuls") or {})
+        off = sorted(set(model[name]) - got)
+        if off:
+            out[name] = off
+    return out
+
+
 def numerics_check(model: dict, compiled: dict) -> dict:
-    """Per kernel: the classes the model uses for its dots vs the MXU classes Mosaic emitted.
-    A kernel agrees when both use the same set of classes (dot counts differ from instruction
-    counts by tiling, so sets are compared); a dot the model puts on the MXU that Mosaic
-    computed elsewhere (the vector unit), or the reverse, is a mismatch."""
+    """Per Pallas kernel, its dots' classes under the model (`model`: model_matmuls') vs the MXU
+    classes in its compiled module (`compiled`: {kernel: parse_llo's}, Mosaic kernels only):
+    `vector_unit` the classes the compile left to the vector unit (vector_unit(); computed in
+    float32 by the model once decided), and the kernel agrees when every MXU class it was
+    compiled to is one the model computes it in (dot counts differ from instruction counts by
+    tiling, so sets are compared). A compiled MXU class the model has no dot of (a kernel
+    the model has no dots for, or one it computes in another class) is a mismatch, and so is a
+    kernel on one side only: names are Pallas kernel names on both sides (XLA's own fusions
+    are not Mosaic kernels and are in neither)."""
     kernels, mismatches = {}, []
+    off = vector_unit(model, compiled)
     for name in sorted(set(model) | set(compiled)):
-        want = set((model.get(name) or {}).keys())
-        got = set(((compiled.get(name) or {}).get("matmuls") or {}).keys())
-        agree = want == got
+        want = set(model.get(name) or {})
+        got = set((compiled.get(name) or {}).get("matmuls") or {})
+        agree = name in model and name in compiled and got <= want
         kernels[name] = {
             "model": model.get(name, {}),
             "compiled": (compiled.get(name) or {}).get("matmuls", {}),
+            "vector_unit": off.get(name, []),
             "agree": agree,
         }
-        if not agree:
-            mismatches.append(f"{name}: model {sorted(want) or 'no dots'}, compiled {sorted(got) or 'no MXU matmul'}")
-    return {"model": "tpu-mxu-v1", "kernels": kernels, "mismatches": mismatches}
+        if agree:
+            continue
+        if name not in compiled:
+            why = "no compiled Mosaic kernel of this name"
+        elif name not in model:
+            why = "no Pallas kernel of this name in the program"
+        else:
+            why = f"compiled {sorted(got - want)} that the model has no dot of"
+        mismatches.append(
+            f"{name}: model {sorted(want) or 'no dots'}, compiled {sorted(got) or 'no MXU matmul'} ({why})"
+        )
+    return {"model": "tpu-mxu-v1", "kernels": kernels, "vector_unit": off, "mismatches": mismatches}
 
 
 # ------------------------------------------------------------------ out of VMEM

@@ -46,6 +46,7 @@ for Mosaic custom calls.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -134,6 +135,26 @@ def compile_case(
     """Compile the case's program through fn for one TPU target (see the module docstring).
     `compiled`: module_sha256 -> (backend, its result) of modules this run already compiled for
     this target; a lowered module among them is not compiled again (same_program_as)."""
+
+    def program_and_args(sharding):
+        program, diff, cot = program_structs(case, fn, sharding)
+        return program, (diff, cot)
+
+    return compile_program(program_and_args, target, context=context, expect_mosaic=expect_mosaic, compiled=compiled)
+
+
+def compile_program(
+    program_and_args: Callable,
+    target: str,
+    *,
+    context: Callable = contextlib.nullcontext,
+    expect_mosaic: bool = True,
+    compiled: dict[str, tuple[str, dict]] | None = None,
+) -> dict:
+    """compile_case's result for any jax program: program_and_args(sharding) -> (program, args),
+    args the program's positional arguments as ShapeDtypeStructs on `sharding` (the target's
+    compile-only device). Used for cases (compile_case) and for kernels outside the registry
+    (benchmarks/numerics_corpus.py)."""
     # late: jax and kernels_jax.common.platform (which imports jax) are heavy; the runner imports this module
     import jax
 
@@ -145,11 +166,11 @@ def compile_case(
     try:
         dev = device(target)
         out["device_kind"] = dev.device_kind
-        program, diff, cot = program_structs(case, fn, jax.sharding.SingleDeviceSharding(dev))
+        program, args = program_and_args(jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
         with context(), compile_for_tpu(), jax.default_device(dev):
             out["default_device"] = _default_device()
-            traced = jax.jit(program).trace(diff, cot)
+            traced = jax.jit(program).trace(*args)
             lowered = traced.lower()
             out["module_sha256"] = hashlib.sha256(lowered.as_text().encode()).hexdigest()
             same = (compiled or {}).get(out["module_sha256"])
@@ -309,10 +330,11 @@ def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id
     compiled_in_run's, modules not to compile again)."""
     import jax  # late: heavy (runner imports this module)
 
+    program_case = dataclasses.replace(case, direction="fwd") if subject.forward_only else case
     results = {
         t: compile_case(
             subject.fn,
-            case,
+            program_case,
             t,
             context=subject.context,
             expect_mosaic=subject.expect_mosaic,
@@ -325,7 +347,7 @@ def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id
         kind="compile",
         implementation=subject.implementation,
         repro=compile_repro_command(case.id, spec, targets),
-        program="fwd+bwd" if case.backward else "fwd",
+        program="fwd+bwd" if program_case.backward else "fwd",
         libtpu=libtpu_version(),
         jax=jax.__version__,
         numerics=tpu_numerics.active(),

@@ -17,7 +17,10 @@ manifest, a case and backend a manifest lists with no readable record, and any u
 or malformed *.json record; records no manifest lists are ignored (and counted).
 `allow_partial` (`--allow-partial`) gates what is readable instead and lists the rest.
 A candidate whose record says ok but that compared no tensor fails that case; one that
-compared no tensor on any case fails the gate ("unsupported everywhere").
+compared no tensor on any case fails the gate ("unsupported everywhere"). A forward-only
+candidate (parity.execute.backends.calling.forward_case) is judged on the forward tensors of a
+forward-and-backward case; its backward tensors are "not-judged" (listed, neither failed,
+unsupported nor passed; the case's entry is "not-judged" when its judged tensors pass).
 TPU compile records (parity.execute.tpu_compile; `parity run --tpu-targets`, `parity compile`) are
 held to the manifests the same way: a run with TPU targets must have a compile record for
 every candidate record that ran, covering every target. A candidate that does not compile
@@ -40,7 +43,7 @@ from parity.judge.load import GateRefusal, load, load_checked, load_compiles
 from parity.judge.summary import format_compile_summary, format_summary
 from parity.measure.compare import bound, bound_localisation
 from parity.model.spec import REFERENCE
-from parity.records import SCHEMA_VERSION, ByCase, worst_verdict, write_json
+from parity.records import SCHEMA_VERSION, UNJUDGED, ByCase, worst_verdict, write_json
 
 # load, load_compiles, format_summary, format_compile_summary: imported from here by the surfaces
 __all__ = [
@@ -144,7 +147,7 @@ def evaluate(
     compiles = compiles or {}
     if not allow_mixed_numerics:
         _check_numerics(by_case)
-    cases_out, failures, findings, unsupported, unbounded = [], [], [], [], []
+    cases_out, failures, findings, unsupported, unbounded, not_judged = [], [], [], [], [], []
     for case_id in sorted(by_case):
         recs = by_case[case_id]
         _check_consistent(case_id, recs)
@@ -197,7 +200,7 @@ def evaluate(
                 cases_out.append(entry)
                 continue
             unseen = [n for n in Case.from_dict(cand["case"]).output_names() if n not in cand["tensors"]]
-            compared = [n for n, ct in cand["tensors"].items() if ct["verdict"] != "unsupported"]
+            compared = [n for n, ct in cand["tensors"].items() if ct["verdict"] not in UNJUDGED]
             if unseen or not compared:
                 detail = (
                     f"record has no entry for {', '.join(unseen)}" if unseen else "status ok but no tensor compared"
@@ -217,7 +220,7 @@ def evaluate(
                     "tol": ct.get("tol"),
                 }
                 verdict = ct["verdict"]
-                if verdict != "unsupported" and rt is not None and "rel_rms" in rt:
+                if verdict not in UNJUDGED and rt is not None and "rel_rms" in rt:
                     b = bound(ct, rt, factor)
                     t["bound"] = b
                     if verdict == "pass" and not b["ok"]:
@@ -225,18 +228,18 @@ def evaluate(
                 else:
                     t["bound"] = None
                     t["bound_note"] = (
-                        "candidate has no such tensor"
-                        if verdict == "unsupported"
+                        ("candidate has no such tensor" if verdict == "unsupported" else ct.get("reason", ""))
+                        if verdict in UNJUDGED
                         else f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}"
                     )
                 t["verdict"] = verdict
                 if verdict == "fail-bound":
                     t["localisation"] = bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor)
-                elif verdict not in ("pass", "unsupported"):
+                elif verdict not in ("pass", *UNJUDGED):
                     t["localisation"] = ct.get("localisation", {})
                 entry["tensors"][name] = t
-                if verdict == "unsupported":
-                    unsupported.append(
+                if verdict in UNJUDGED:
+                    (unsupported if verdict == "unsupported" else not_judged).append(
                         {
                             "case_id": case_id,
                             "candidate": cname,
@@ -265,7 +268,7 @@ def evaluate(
             free = [
                 n
                 for n, v in entry["tensors"].items()
-                if v["verdict"] != "unsupported" and (not v["bound"] or v["bound"].get("reference_nonfinite"))
+                if v["verdict"] not in UNJUDGED and (not v["bound"] or v["bound"].get("reference_nonfinite"))
             ]
             if free:  # judged on its own tolerance only: the reference gave nothing to bound these by
                 unbounded.append(
@@ -288,6 +291,7 @@ def evaluate(
         "failures": failures,
         "reference_findings": findings,
         "unsupported": unsupported,
+        "not_judged": not_judged,  # backward tensors of forward-only candidates
         "unbounded": unbounded,
         "compile": compile_summary(compiles),
         "counts": {
@@ -339,7 +343,7 @@ def compared_nothing(result: dict) -> list[dict]:
         seen[c["candidate"]] = (
             seen.get(c["candidate"], False)
             or "compile" in c
-            or any(t["verdict"] != "unsupported" for t in c["tensors"].values())
+            or any(t["verdict"] not in UNJUDGED for t in c["tensors"].values())
         )
     n = Counter(c["candidate"] for c in result["cases"])
     return [

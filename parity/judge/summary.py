@@ -38,6 +38,13 @@ def format_summary(result: dict) -> str:
                 for u in result["unsupported"][:3]
             )
         )
+    if result.get("not_judged"):
+        n = result["not_judged"]
+        pairs = sorted({(x["case_id"], x["candidate"]) for x in n})
+        lines.append(
+            f"  not judged (forward-only candidates, backward not run): {len(n)} tensors of {len(pairs)} "
+            "case/candidate pairs, e.g. " + "; ".join(f"{c} [{b}]" for c, b in pairs[:3])
+        )
     if result.get("unbounded"):
         u = result["unbounded"]
         lines.append(

@@ -28,9 +28,21 @@ What it does not emulate (its limits, written down):
 - transcendental approximations (exp, log, rsqrt on the TPU's vector unit) are CPU libm;
 - bf16 arithmetic on the vector unit of v6e and TPU7x: elementwise bf16 ops are computed
   as XLA:CPU computes them (widened to float32 and rounded back);
-- matrix x vector contractions that Mosaic puts on the vector unit in full float32: the model
-  treats every dot as an MXU dot; the compile check (`parity.execute.tpu_compile`) reads the compiled
-  module and reports where the two disagree.
+
+Dots on the vector unit. Mosaic does not send every dot to the MXU: some (tpu-inference's GDN
+kernels' batched matrix x vector products, [H, 1, K] x [H, K, V]) it computes on the vector unit
+in float32, and the compiled module of such a kernel holds no MXU matmul for them. Which dots,
+the model does not guess: the compile check (parity.execute.tpu_compile) reads each Pallas
+kernel's compiled module for a target and decides, per kernel and matmul class, which of the
+kernel's dots ran on the vector unit (parity.execute.mosaic_llo.vector_unit). Inside
+`deciding(vector_unit, source)`, the dots of those classes in those kernels are computed in
+float32 (XLA:CPU's own dot), all others as above; `decision()` is what the records state
+(`notes.tpu_numerics`: the kernels and classes on the vector unit and where that came from).
+Without a compile every dot is an MXU dot. The kernel a dot belongs to is known while it is
+lowered: TPU interpret mode lowers a kernel's body inside pallas_call's lowering, which this
+module wraps on the CPU platform to note the kernel's name (`kernel_name`, the name Mosaic gives
+it); dot lowerings are not shared between kernels (not cached), and the decision is part of
+jax's trace context (a jit traced under one decision is never reused under another).
 """
 
 from __future__ import annotations
@@ -43,7 +55,8 @@ MODELS = ("tpu-mxu-v1", "float32")
 DEFAULT_MODEL = "tpu-mxu-v1"
 ENV = "PARITY_TPU_NUMERICS"
 
-_state = {"model": None, "installed": False, "inner": False}
+_state = {"model": None, "installed": False, "inner": False, "kernel": None, "vector_unit": {}, "source": None}
+CLASSES = {0: "bf16", 1: "f32x1", 3: "f32x3", 6: "f32x6"}  # MXU passes -> matmul class
 
 
 def check_model(name: str) -> str:
@@ -79,6 +92,51 @@ def using(name: str):
         yield
     finally:
         activate(prev)
+
+
+# ------------------------------------------------------------------ dots on the vector unit
+def kernel_name(params) -> str:
+    """The name Mosaic gives a pallas_call's kernel (its `name=`, else its kernel function's),
+    from the pallas_call equation's params."""
+    from jax._src.interpreters import mlir
+
+    return mlir.sanitize_name(params["name"] or params["jaxpr"].debug_info.func_name)
+
+
+def dot_class(lhs_dtype, rhs_dtype, precision) -> str:
+    """The matmul class of one dot on the MXU: bf16, f32x1, f32x3 or f32x6."""
+    return CLASSES[passes(lhs_dtype, rhs_dtype, precision)]
+
+
+@functools.cache
+def _decision_context():
+    import jax
+
+    return jax.make_user_context(None)  # created once: jax adds user contexts non-thread-safely
+
+
+@contextlib.contextmanager
+def deciding(vector_unit: dict, source: str):
+    """Inside: the dots of kernel k whose class is in vector_unit[k] are computed in float32 (the
+    vector unit), the rest on the MXU model; `source` says where that was decided (e.g. "compile
+    for v5e"). vector_unit: {kernel name: [class, ...]}."""
+    saved = _state["vector_unit"], _state["source"]
+    decided = {k: frozenset(v) for k, v in vector_unit.items() if v}
+    key = (source, tuple(sorted((k, tuple(sorted(v))) for k, v in decided.items())))
+    _state["vector_unit"], _state["source"] = decided, source
+    try:
+        with _decision_context()(f"parity-tpu-numerics:{key}"):
+            yield
+    finally:
+        _state["vector_unit"], _state["source"] = saved
+
+
+def decision() -> dict:
+    """What the records state: {"vector_unit": {kernel: [classes]}, "source": ...}; without a
+    decision, every dot on the MXU, decided by nothing but the model."""
+    if _state["source"] is None:
+        return {"vector_unit": {}, "source": "none: no compile for the emulated target, every dot on the MXU"}
+    return {"vector_unit": {k: sorted(v) for k, v in sorted(_state["vector_unit"].items())}, "source": _state["source"]}
 
 
 # ------------------------------------------------------------------ precision -> passes
@@ -169,6 +227,8 @@ def _install() -> None:
         a_in, b_in = ctx.avals_in
         model_on = _state["model"] == "tpu-mxu-v1" and not _state["inner"]
         n = passes(a_in.dtype, b_in.dtype, precision) if model_on else 0
+        if CLASSES[n] in _state["vector_unit"].get(_state["kernel"], ()):
+            n = 0  # on the vector unit, in float32
         params = dict(
             dimension_numbers=dimension_numbers,
             precision=precision,
@@ -187,5 +247,26 @@ def _install() -> None:
         finally:
             _state["inner"] = False
 
-    mlir.register_lowering(lax_internal.dot_general_p, rule, platform="cpu")
+    # not cached: the same dot in two kernels may be decided differently
+    mlir.register_lowering(lax_internal.dot_general_p, rule, platform="cpu", cacheable=False)
+    _install_kernel_names()
     _state["installed"] = True
+
+
+def _install_kernel_names() -> None:
+    """pallas_call's lowering on the CPU platform (TPU interpret mode), noting the kernel whose
+    body is being lowered in _state["kernel"]; jax's own rule does the rest."""
+    from jax._src.interpreters import mlir
+    from jax._src.pallas import pallas_call
+
+    original = pallas_call._pallas_call_lowering
+
+    def rule(ctx, *in_nodes, **params):
+        saved = _state["kernel"]
+        _state["kernel"] = kernel_name(params)
+        try:
+            return original(ctx, *in_nodes, **params)
+        finally:
+            _state["kernel"] = saved
+
+    mlir.register_lowering(pallas_call.pallas_call_p, rule, platform="cpu")

@@ -24,6 +24,7 @@ Everything but the manifests is importable from here.
 from parity.records.checks import check_compile, check_result, field_error
 from parity.records.schema import (
     SCHEMA_VERSION,
+    UNJUDGED,
     VERDICT_ORDER,
     ByCase,
     CompileRecord,
@@ -51,6 +52,7 @@ from parity.records.store import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "UNJUDGED",
     "VERDICT_ORDER",
     "ByCase",
     "CompileRecord",

@@ -10,10 +10,11 @@ SCHEMA_VERSION = 1
 
 class TensorMetrics(TypedDict, total=False):
     """A candidate's or the reference's tensor against the oracle (parity.measure.compare.compare_tensor);
-    a tensor the backend does not return has only verdict "unsupported" and reason."""
+    a tensor the backend does not return has only verdict "unsupported" and reason, a backward
+    tensor of a forward-only candidate only verdict "not-judged" and reason."""
 
     verdict: str  # one of VERDICT_ORDER
-    reason: str  # why unsupported
+    reason: str  # why unsupported, or not judged
     dtype: str
     shape: list[int]
     rel_rms: float | None  # ||x - r|| / ||r|| (rms((x - r) / error_scale) given one); null when NaN/Inf
@@ -65,7 +66,9 @@ class ResultRecord(TypedDict, total=False):
     wall_time_s: float | None
     error: str | None
     # free-form facts; in TPU interpret mode "tpu_identity": the TPU get_tpu_info() answered as,
-    # {"emulated": "v5e", "device_kind": "TPU v5 lite", "num_cores": 1, "source": "--tpu-targets"}
+    # {"emulated": "v5e", "device_kind": "TPU v5 lite", "num_cores": 1, "source": "--tpu-targets"},
+    # and "tpu_numerics": the Pallas kernels' dot classes computed on the vector unit and what
+    # decided it, {"vector_unit": {"my_kernel": ["f32x1"]}, "source": "compile for v5e (...)"}
     notes: dict[str, Any]
     tensors: dict[str, TensorMetrics]  # the oracle's: shape, rms, max_abs, nonfinite, verdict
     encoded_nonfinite: list[str]
@@ -102,8 +105,12 @@ VERDICT_ORDER = (
     "fail-accuracy",
     "fail-bound",
     "unsupported",
+    "not-judged",
     "pass",
 )
+# tensor verdicts that are no judgement: a tensor the backend cannot produce ("unsupported"), or
+# one a forward-only candidate was not asked for on a forward-and-backward case ("not-judged")
+UNJUDGED = ("unsupported", "not-judged")
 
 
 def worst_verdict(verdicts) -> str:

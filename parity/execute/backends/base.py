@@ -71,12 +71,14 @@ class Backend(Protocol):
 class CompileSubject:
     """What a jax backend compiles for TPU targets (parity.execute.tpu_compile): fn in FLA's calling
     convention, traced inside `context` (e.g. a mutation switch); expect_mosaic when it claims
-    to be a Pallas kernel (its TPU module must then contain a Mosaic kernel)."""
+    to be a Pallas kernel (its TPU module must then contain a Mosaic kernel); forward_only for a
+    candidate that declares itself forward-only (its forward program alone is compiled)."""
 
     fn: Any
     implementation: str
     context: Any = contextlib.nullcontext
     expect_mosaic: bool = True
+    forward_only: bool = False  # compile the forward of every case (calling.forward_case)
 
 
 def check_tensors(
@@ -117,7 +119,8 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
     base = dict(backend=backend.name, side=backend.side, tensors={})
     try:
         ex = backend.run(case, inputs)
-        tensors = check_tensors(case, inputs, ex.tensors, ex.notes.get("unsupported_tensors"))
+        absent = {**ex.notes.get("unsupported_tensors", {}), **ex.notes.get("not_judged", {})}
+        tensors = check_tensors(case, inputs, ex.tensors, absent)
     except Unsupported as e:
         return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a failing case must never stop the run

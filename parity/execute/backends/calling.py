@@ -10,6 +10,10 @@ error, so the gate does not fail it): it raises `NotImplementedError("reason")` 
 or torch raise, e.g. for a missing differentiation rule, stays an error), or the
 function has an attribute `supports(case) -> bool | str` (True: supported; False or a
 non-empty string, the reason: not supported) that is asked before it is called.
+A candidate with the attribute `forward_only = True` (a kernel without a backward, such as
+tpu-inference's) is run on the forward of every case: on a forward-and-backward case it is
+called for (o, ht) alone, judged on those, and its record says each backward tensor was not
+judged (verdict "not-judged"), neither unsupported nor passed (`forward_case`).
 Gradients w.r.t. every differentiable input through jax.vjp or torch autograd, with
 cotangents do (and dht when the case returns the final state).
 """
@@ -17,6 +21,7 @@ cotangents do (and dht when the case returns the final state).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import time
 from collections.abc import Callable
@@ -64,6 +69,27 @@ def check_candidate_supports(fn: Callable, case: Case) -> None:
     if isinstance(answer, str) and answer:
         raise Unsupported(answer)
     raise TypeError(f"supports(case) returned {answer!r}: expected True, False or a non-empty string (the reason)")
+
+
+def forward_only(fn: Callable) -> bool:
+    """Whether a user's candidate declares itself forward-only (`fn.forward_only = True`);
+    TypeError when the attribute is anything but a bool."""
+    answer = getattr(fn, "forward_only", False)
+    if not isinstance(answer, bool):
+        raise TypeError(f"forward_only = {answer!r}: expected True or False")
+    return answer
+
+
+NOT_JUDGED = "not judged: the candidate is forward-only (forward_only = True), its backward was not run"
+
+
+def forward_case(fn: Callable, case: Case) -> tuple[Case, dict[str, str]]:
+    """(the case fn is run on, {tensor: why it is not judged}): the forward of a
+    forward-and-backward case for a forward-only candidate, the case itself otherwise."""
+    if not (case.backward and forward_only(fn)):
+        return case, {}
+    fwd = dataclasses.replace(case, direction="fwd")
+    return fwd, {n: NOT_JUDGED for n in case.output_names() if n not in fwd.output_names()}
 
 
 # a NotImplementedError raised inside these (jax without a differentiation rule, say) is a

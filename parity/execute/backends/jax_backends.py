@@ -17,7 +17,14 @@ import numpy as np
 from cases import Case
 from parity.execute import tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
-from parity.execute.backends.calling import accepts, candidate_declines, check_candidate_supports, run_jax
+from parity.execute.backends.calling import (
+    accepts,
+    candidate_declines,
+    check_candidate_supports,
+    forward_case,
+    forward_only,
+    run_jax,
+)
 from parity.measure import tpu_numerics
 from parity.model.kernels import PALLAS_KERNELS, pallas_kernel
 from parity.model.spec import KernelCall, Unsupported, parse_backend_spec
@@ -48,7 +55,9 @@ def _numerics() -> str:
 def _interpreting(force: bool):
     """Around a jax kernel's call: nothing on a TPU; elsewhere TPU interpret mode (forced when
     `force`: a user's kernel) with the emulated TPU identity (parity.execute.tpu_identity),
-    both left on the way out. Yields the record's notes: {} or {"tpu_identity": ...}."""
+    both left on the way out. Yields the record's notes: {} on a TPU, else the identity and the
+    numerics model's decision of which dots ran on the vector unit, and from what
+    (tpu_numerics.decision: {"tpu_identity": ..., "tpu_numerics": ...})."""
     if _tpu_present():
         yield {}
         return
@@ -56,7 +65,7 @@ def _interpreting(force: bool):
 
     target, source = tpu_identity.interpret_target()
     with pltpu.force_tpu_interpret_mode() if force else contextlib.nullcontext(), tpu_identity.emulated(target):
-        yield {"tpu_identity": tpu_identity.describe(target, source)}
+        yield {"tpu_identity": tpu_identity.describe(target, source), "tpu_numerics": tpu_numerics.decision()}
 
 
 def _versions() -> dict[str, str]:
@@ -133,9 +142,10 @@ class JaxCandidate:
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         check_candidate_supports(self.fn, case)
+        run_as, not_judged = forward_case(self.fn, case)
         numerics = _numerics()
         with _interpreting(force=True) as identity, candidate_declines():
-            tensors, seconds = run_jax(self.fn, case, inputs)
+            tensors, seconds = run_jax(self.fn, run_as, inputs)
         return Execution(
             tensors=tensors,
             platform=_platform(),
@@ -143,7 +153,7 @@ class JaxCandidate:
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
-            notes=identity,
+            notes={**identity, **({"not_judged": not_judged} if not_judged else {})},
         )
 
     def kernel_call(self, case: Case) -> KernelCall:
@@ -153,4 +163,6 @@ class JaxCandidate:
 
     def compile_subject(self, case: Case) -> CompileSubject:
         check_candidate_supports(self.fn, case)
-        return CompileSubject(self.fn, self.spec, expect_mosaic=self.framework == "pallas")
+        return CompileSubject(
+            self.fn, self.spec, expect_mosaic=self.framework == "pallas", forward_only=forward_only(self.fn)
+        )

@@ -8,7 +8,13 @@ import numpy as np
 
 from cases import Case
 from parity.execute.backends.base import Execution
-from parity.execute.backends.calling import accepts, candidate_declines, check_candidate_supports, run_torch
+from parity.execute.backends.calling import (
+    accepts,
+    candidate_declines,
+    check_candidate_supports,
+    forward_case,
+    run_torch,
+)
 from parity.model.spec import KernelCall, parse_backend_spec
 
 
@@ -29,9 +35,10 @@ class TorchCandidate:
         cuda = torch.cuda.is_available()
         device = "cuda" if cuda else "cpu"
         check_candidate_supports(self.fn, case)
+        run_as, not_judged = forward_case(self.fn, case)
         with candidate_declines():
             tensors, seconds = run_torch(
-                self.fn, case, inputs, device, torch.cuda.synchronize if cuda else lambda: None
+                self.fn, run_as, inputs, device, torch.cuda.synchronize if cuda else lambda: None
             )
         where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
         return Execution(
@@ -41,4 +48,5 @@ class TorchCandidate:
             versions={"torch": torch.__version__},
             kernel_time_s=seconds,
             numerics="cuda" if cuda else "cpu-torch",
+            notes={"not_judged": not_judged} if not_judged else {},
         )
