@@ -81,7 +81,9 @@ def paged_attention(dtype):
 
 def ragged_paged_attention(dtype):
     """Mixed prefill and decode: 3 sequences (2 decode tokens, 126 prefill), 8 query heads over
-    2 KV heads, head dim 128, pages of 16."""
+    2 KV heads, head dim 128, pages of 16; block sizes given (16 KV pages, 32 queries): its tuned
+    table is looked up by jax.devices()[0].device_kind, the CPU on this machine ("TPU version
+    must be 4 or higher"; parity.execute.tpu_identity does not emulate jax.devices())."""
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as rpa
 
@@ -89,7 +91,9 @@ def ragged_paged_attention(dtype):
         kv_lens = jnp.asarray([200, 300, 126, 0], jnp.int32)
         pages = jnp.arange(4 * 32, dtype=jnp.int32).reshape(4, 32)
         cu_q = jnp.asarray([0, 1, 2, 128, 128], jnp.int32)
-        return rpa(q, kv_pages, kv_lens, pages, cu_q, jnp.asarray([3], jnp.int32), sm_scale=128**-0.5)
+        num_seqs = jnp.asarray([3], jnp.int32)
+        blocks = dict(num_kv_pages_per_block=16, num_queries_per_block=32)
+        return rpa(q, kv_pages, kv_lens, pages, cu_q, num_seqs, sm_scale=128**-0.5, **blocks)
 
     return program, [((128, 8, 128), dtype), ((128, 16, 4, 128), dtype)]
 
@@ -210,7 +214,7 @@ def gdn_v3(dtype, T=256, n_kq=2, n_v=4, d=128, width=4):
         ((T, n_v), dtype),
         ((3, width - 1, dim), dtype),
         ((3, n_v, d, d), f32),
-        ((width - 1, dim), dtype),
+        ((dim, 1, width), dtype),  # [dim, 1, kernel_size], as it asserts (its docstring says otherwise)
         ((n_v,), f32),
         ((n_v,), f32),
     ]
@@ -227,8 +231,8 @@ PROGRAMS = {
     "matmul": (matmul, ("bfloat16", "float32")),
     "tpu_inference-gdn_v1": (gdn_v1, ("bfloat16", "float32")),
     "tpu_inference-gdn_v1-decode": (gdn_v1_decode, ("bfloat16", "float32")),
-    "tpu_inference-gdn_v2": (gdn_v2, ("bfloat16",)),
-    "tpu_inference-gdn_v3": (gdn_v3, ("bfloat16",)),
+    "tpu_inference-gdn_v2": (gdn_v2, ("bfloat16", "float32")),
+    "tpu_inference-gdn_v3": (gdn_v3, ("bfloat16", "float32")),
 }
 
 

@@ -5,6 +5,7 @@ the user's backward."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -78,3 +79,34 @@ def test_the_fwd_bwd_adapter_differentiates_through_the_users_backward():
     # a decay per head: the per-token gradient the backward returns (4 everywhere) summed over B, T
     dg_gamma = jax.grad(lambda gg: fn(q, k, v, g_gamma=gg)[0].sum())(jnp.zeros(H))
     np.testing.assert_array_equal(np.asarray(dg_gamma), np.full(H, 4.0 * B * T))
+
+
+GDN = EXAMPLES / "tpu_inference_gdn"
+
+
+def test_tpu_inference_gdn_kernels_run_as_a_forward_only_candidate_as_a_user_would(tmp_path):
+    """examples/tpu_inference_gdn: tpu-inference 0.32.0's fused_gdn (v1), installed from the registry
+    without vLLM (scripts/env.sh), through its adapter, outside this checkout: it compiles for v5e
+    with the numerics model agreeing on its kernels (decode and recurrent), runs in interpret mode,
+    is judged on o and the final state (its gradients not judged), and its float32 o fails the
+    bound against FLA (one bf16 MXU pass per DEFAULT float32 dot: ~2.4e-3 vs FLA's ~8e-4)."""
+    repo = tmp_path / "gdn"
+    shutil.copytree(GDN, repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PARITY_RUN_ID")}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "interpret", "--parity-tpu-targets=v5e"]
+    p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "2 failed" in out, out[-4000:]
+    assert "gate: 2 case/candidate pairs, bound factor 1.0: 2 fail-bound" in out, out[-4000:]
+    assert "[v1] dq: not-judged" in out and "unsupported" not in out  # neither judged, passed nor unsupported
+    assert "-lens1_1_22 [v1] o: fail-bound" in out and "-h0-ht [v1] o: fail-bound" in out
+    assert "not judged (forward-only candidates, backward not run): 6 tensors of 1 case/candidate pairs" in out
+    assert "2 case/candidate pairs, 2 ok, 0 failed; v5e 2 ok/0 failed" in out  # compiles, model agrees
+    reports = repo / "reports" / "pytest" / "v1"
+    rec = json.loads(
+        (reports / "kda-fwd-B1-T24-H1-K128-V128-fp32-C64-g_logsig-h0-ht-lens1_1_22.compile.json").read_text()
+    )
+    kernels = rec["targets"]["v5e"]["numerics"]["kernels"]
+    assert {k for k in kernels if k.startswith(("decoding_gdn", "recurrent_gdn"))} and all(
+        k["agree"] for k in kernels.values()
+    ), kernels

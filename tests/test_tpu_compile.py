@@ -371,3 +371,28 @@ def test_a_candidate_runs_with_the_decision_of_its_compile_and_its_record_says_s
     assert rec["notes"]["tpu_numerics"]["vector_unit"] == {} and rec["notes"]["tpu_numerics"]["source"].startswith(
         "none: no compile"
     )
+
+
+@requires_libtpu
+@pytest.mark.parametrize(
+    "program,dtype",
+    [
+        ("flash_attention-bwd", "float32"),
+        ("splash_attention", "bfloat16"),
+        ("megablox_gmm", "bfloat16"),
+        ("tpu_inference-gdn_v1-decode", "float32"),
+        ("tpu_inference-gdn_v2", "float32"),
+    ],
+)
+def test_the_model_agrees_with_the_compiled_module_on_kernels_no_one_here_wrote(program, dtype):
+    """A few of benchmarks/numerics_corpus.py's programs (jax's own Pallas TPU kernels and
+    tpu-inference's GDN kernels, whose names Mosaic quotes) compiled for v5e: every Pallas kernel
+    in the program is found in the compiled module under its name and the model agrees with it."""
+    from benchmarks.numerics_corpus import compile_one
+
+    r = compile_one(program, dtype, "v5e")
+    assert "skipped" not in r, r  # tpu-inference is installed by scripts/env.sh
+    assert r["ok"], r.get("error_line")
+    check = r["numerics"]
+    assert check["kernels"] and not check["mismatches"], check
+    assert all(k["compiled"] for n, k in check["kernels"].items() if k["model"]), check  # dots on the MXU

@@ -113,12 +113,18 @@ def fused_gdn_v1(q, k, v, g, beta, scale=None, initial_state=None, output_final_
     return p.unpack(o), (new_state if output_final_state else None)
 
 
-def _kda_only(case) -> bool | str:
-    """What v1 runs: kda cases (op gdn, a per-head gate, joins once the harness has it)."""
+LANES = 128  # a TPU vector register's lanes, v4 to TPU7x (pltpu.get_tpu_info().num_lanes)
+
+
+def supports_v1(case) -> bool | str:
+    """What fused_gdn runs: the gated delta rule (op kda; gdn, a per-head gate, once the harness
+    has it) with K and V multiples of the TPU's lanes (its own check: validate_gdn_inputs)."""
     if case.op not in ("kda", "gdn"):
         return f"tpu-inference's GDN kernels compute the gated delta rule (kda, gdn), not {case.op}"
+    if case.K % LANES or case.V % LANES:
+        return f"fused_gdn needs K and V multiples of {LANES} (the TPU's lanes): K={case.K}, V={case.V}"
     return True
 
 
 fused_gdn_v1.forward_only = True
-fused_gdn_v1.supports = _kda_only
+fused_gdn_v1.supports = supports_v1
