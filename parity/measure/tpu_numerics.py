@@ -29,10 +29,11 @@ What it does not emulate (its limits, written down):
 - bf16 arithmetic on the vector unit of v6e and TPU7x: elementwise bf16 ops are computed
   as XLA:CPU computes them (widened to float32 and rounded back);
 
-Dots on the vector unit. Mosaic does not send every dot to the MXU: some (tpu-inference's GDN
-kernels' batched matrix x vector products, [H, 1, K] x [H, K, V]) it computes on the vector unit
-in float32, and the compiled module of such a kernel holds no MXU matmul for them. Which dots,
-the model does not guess: the compile check (parity.execute.tpu_compile) reads each Pallas
+Dots on the vector unit. Mosaic does not send every dot to the MXU: some it computes on the
+vector unit in float32, and the compiled module holds no MXU matmul for them (measured, libtpu
+0.0.42, v5e, v6e and TPU7x alike: x [8, 128] @ y.T with y a single row [1, 128]; with y of 8
+rows, or [H, 1, K] x [H, K, V] batched, or [1, K] x [K, N], the MXU). Which dots, the model
+does not guess: the compile check (parity.execute.tpu_compile) reads each Pallas
 kernel's compiled module for a target and decides, per kernel and matmul class, which of the
 kernel's dots ran on the vector unit (parity.execute.mosaic_llo.vector_unit). Inside
 `deciding(vector_unit, source)`, the dots of those classes in those kernels are computed in
