@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import pytest
 from jax._src.pallas.mosaic import tpu_info
 from jax.experimental.pallas import tpu as pltpu
 
 from cases import Case, make_inputs
 from parity.cli import main
-from parity.execute import tpu_identity
+from parity.execute import compile_log, tpu_identity
 from parity.execute.backends.jax_backends import JaxCandidate
 from parity.model.targets import TARGETS
 from parity.pytest_plugin.options import export_interpret_as
@@ -78,7 +79,9 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
     monkeypatch.delenv(tpu_identity.ENV, raising=False)
     inputs = make_inputs(CASE)
     for name in ("sign_1d", "tpu_info_block"):
-        ex = _candidate(name).run(CASE, inputs)
+        with compile_log.optimisation(disabled=False):  # XLA's defaults outside, as in `parity run`
+            ex = _candidate(name).run(CASE, inputs)
+            assert not jax.config.read("jax_disable_most_optimizations")  # left as it was
         assert ex.platform == "cpu:tpu-interpret"
         assert ex.notes["tpu_identity"] == {
             "emulated": "v5e",
@@ -86,7 +89,14 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
             "num_cores": 1,
             "source": "default",
         }
-    assert tpu_candidates.SEEN[-1] == {"chip_version": "v5e", "num_lanes": 128, "block": 128, "is_tpu_device": True}
+    assert tpu_candidates.SEEN[-1] == {
+        "chip_version": "v5e",
+        "num_lanes": 128,
+        "block": 128,
+        "is_tpu_device": True,
+        "optimisations_off": True,  # interpret mode compiles for compile time (compile_log.optimisation)
+    }
+    assert ex.notes["interpret_compile"] == compile_log.INTERPRET_EFFORT
     _cpu_answers()
     with tpu_identity.exported(("v6e", "--tpu-interpret-as")):
         ex = _candidate("tpu_info_block").run(CASE, inputs)

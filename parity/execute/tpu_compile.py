@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case, input_shapes, storage_dtype
-from parity.execute import tpu_identity
+from parity.execute import compile_log, tpu_identity
 from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
 from parity.execute.mosaic_llo import (
     LloFormatError,
@@ -147,7 +147,7 @@ def compile_case(
         out["device_kind"] = dev.device_kind
         program, diff, cot = program_structs(case, fn, jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
-        with context(), compile_for_tpu(), jax.default_device(dev):
+        with context(), compile_for_tpu(), jax.default_device(dev), compile_log.optimisation(disabled=False):
             out["default_device"] = _default_device()
             traced = jax.jit(program).trace(diff, cot)
             lowered = traced.lower()
