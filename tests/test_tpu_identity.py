@@ -133,14 +133,38 @@ def test_parity_run_emulates_the_first_of_its_tpu_targets(tmp_path):
     assert compiled["targets"]["tpu7x"]["default_device"] == "tpu:TPU7x (compile-only)"
 
 
+@pytest.mark.parametrize("command", ["run", "mutants", "fuzz"])
 @pytest.mark.parametrize("value", ["v9", "TPU v5 lite", ""])
-def test_a_bad_tpu_interpret_as_is_one_line_naming_the_option_and_the_targets(value, tmp_path, capsys):
+def test_a_bad_tpu_interpret_as_is_one_line_naming_the_option_and_the_targets(command, value, tmp_path, capsys):
+    selection = ["--case", CASE.id] if command != "fuzz" else ["--time", "1"]
     with pytest.raises(SystemExit) as e:
-        main(["run", "--case", CASE.id, "--tpu-interpret-as", value, "--out", str(tmp_path / "o")])
+        main([command, *selection, "--tpu-interpret-as", value, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert "--tpu-interpret-as" in err and f"{value!r} is invalid: expected one of {list(TARGETS)}" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "command,runner,extra",
+    [
+        ("mutants", "parity.cli.mutants.run_mutants", ["--case", CASE.id]),
+        ("fuzz", "parity.cli.fuzz.run_fuzz", ["--backends", "oracle,fla"]),
+    ],
+)
+def test_mutants_and_fuzz_export_the_tpu_interpret_as_to_their_workers(command, runner, extra, monkeypatch, tmp_path):
+    """Their workers read the identity from the environment, set for the run and restored after."""
+    monkeypatch.delenv(tpu_identity.ENV, raising=False)
+    seen = []
+
+    def stand_in(*a, **kw):  # the run itself: what its workers would read, then stop (an internal error)
+        seen.append((os.environ.get(tpu_identity.ENV), os.environ.get(tpu_identity.SOURCE_ENV)))
+        raise RuntimeError("stand-in")
+
+    monkeypatch.setattr(runner, stand_in)
+    main([command, *extra, "--tpu-interpret-as", "tpu7x", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert seen == [("tpu7x", "--tpu-interpret-as")]
+    assert tpu_identity.ENV not in os.environ
 
 
 class _Config:
