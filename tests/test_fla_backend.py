@@ -1,8 +1,9 @@
 """The fla backend: FLA's real Triton kernels through the Triton interpreter on CPU.
 
 The interpreter fixes are checked on small Triton kernels of our own against numpy on the
-same (bfloat16-rounded) values, then FLA's three ops are checked against the float64
-oracle within the tolerance for every output and gradient, in float32 and bfloat16.
+same (bfloat16-rounded) values, then FLA's four ops (gdn and kda with grouped value heads
+too) are checked against the float64 oracle within the tolerance for every output and
+gradient, in float32 and bfloat16.
 """
 
 from __future__ import annotations
@@ -249,6 +250,10 @@ FLA_CASES = (
             "simple_gla-fwdbwd-B1-T2-H2-K8-V8-fp32-C16-g_logsig-h0-ht",
         )
     ]
+    + [  # the gated delta rule (chunk_gated_delta_rule) and grouped value heads (HV = 2 H) on both delta-rule ops
+        Case("gdn", 1, 80, 1, 32, 32, dtype="float32", gate="g_logsig", HV=2, h0=True, ht=True),
+        Case("kda", 1, 64, 1, 32, 32, dtype="bfloat16", gate="g_logsig", HV=2, h0=True, ht=True, seqlens=(30, 34)),
+    ]
 )
 
 
@@ -267,7 +272,7 @@ def test_fla_in_the_interpreter_is_within_tolerance_of_the_oracle(case):
 
 
 def test_fla_gives_no_g_gamma_gradient_and_says_so():
-    case = FLA_CASES[-2]
+    case = next(c for c in FLA_CASES if c.uses_g_gamma)
     ex = FlaBackend().run(case, make_inputs(case))
     assert "dg_gamma" not in ex.tensors
     assert "dg_gamma" in ex.notes["unsupported_tensors"]
