@@ -44,6 +44,15 @@ def rng_for(seed: int, name: str) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=key))
 
 
+def seed_at(seed: int, k: int) -> int:
+    """The k-th input seed of a case whose own seed is `seed`: k = 0 is the seed itself, later ones
+    are derived from it (sha256 of "parity/seed/<seed>/<k>", 31 bits), so that every run of the
+    case draws the same seeds in the same order."""
+    if k == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"parity/seed/{seed}/{k}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
 def alibi_slopes(H: int) -> np.ndarray:
     """ALiBi slopes for H heads (Press et al.), including non-powers of two. [H] float64."""
 

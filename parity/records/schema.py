@@ -35,6 +35,10 @@ class TensorMetrics(TypedDict, total=False):
     row_heatmap: list
     sequences: list | None
     localisation: dict
+    # per input seed, the case's own first (parity.execute.case): {"seed", "input_hash", "rel_rms",
+    # "floor_rel", "max_abs", "nan", "inf", "verdict", "err2": [...], "floor2": [...]}, err2 and floor2
+    # per independent block (parity.measure.compute_error)
+    seeds: list[dict]
     rms: float  # the oracle's own records: its rms and non-finite count
     nonfinite: int
 
@@ -68,6 +72,8 @@ class ResultRecord(TypedDict, total=False):
     # {"emulated": "v5e", "device_kind": "TPU v5 lite", "num_cores": 1, "source": "--tpu-targets"}
     notes: dict[str, Any]
     tensors: dict[str, TensorMetrics]  # the oracle's: shape, rms, max_abs, nonfinite, verdict
+    seeds: list[dict]  # the input seeds it ran, in order: [{"seed", "input_hash"}] (cases.seed_at)
+    seed_policy: dict  # {"min", "max"}: the seeds per case its run asked for (parity run --seeds)
     encoded_nonfinite: list[str]
 
 
@@ -101,6 +107,7 @@ VERDICT_ORDER = (
     "nan-inf",
     "fail-accuracy",
     "fail-bound",
+    "inconclusive",  # the bound undecided over the seeds allowed (parity.measure.compute_error)
     "unsupported",
     "pass",
 )
