@@ -257,9 +257,9 @@ def evaluate(
                         }
                     )
                 elif verdict == "inconclusive" and allow_inconclusive:
-                    inconclusive.append(_failure_line(case_id, cname, name, ct, t, cand))
+                    inconclusive.append(_failure_line(case_id, cname, name, ct, rt, t, cand))
                 elif verdict != "pass":
-                    failures.append(_failure_line(case_id, cname, name, ct, t, cand))
+                    failures.append(_failure_line(case_id, cname, name, ct, rt, t, cand))
             entry["verdict"] = worst_verdict(v["verdict"] for v in entry["tensors"].values())
             free = [
                 n
@@ -305,8 +305,9 @@ def _seed_policy(cand: dict, ref: dict) -> tuple[int, int]:
     return pol["min"], pol["max"]
 
 
-def _failure_line(case_id: str, cname: str, name: str, ct: dict, t: dict, cand: dict) -> dict:
-    """The failures (or inconclusive) list's entry for one tensor."""
+def _failure_line(case_id: str, cname: str, name: str, ct: dict, rt: dict | None, t: dict, cand: dict) -> dict:
+    """The failures (or inconclusive) list's entry for one tensor: epsilons (rel_rms, the case's own
+    seed), compute errors and their ratio with its interval (over the seeds judged)."""
     b = t.get("bound") or {}
     rr = b.get("rel_rms") or {}
     j = b.get("compute") or {}
@@ -316,7 +317,9 @@ def _failure_line(case_id: str, cname: str, name: str, ct: dict, t: dict, cand: 
         "tensor": name,
         "verdict": t["verdict"],
         "eps_candidate": ct.get("rel_rms"),
-        "eps_reference": rr.get("reference"),
+        "eps_reference": (rt or {}).get("rel_rms"),
+        "c_candidate": j.get("c_candidate"),
+        "c_reference": j.get("c_reference"),
         "ratio": rr.get("ratio"),
         "interval": [j.get("lo"), j.get("hi")] if j.get("method") == "ratio" else None,
         "seeds": j.get("seeds"),

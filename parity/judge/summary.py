@@ -11,9 +11,14 @@ def _fmt(x) -> str:
 
 
 def _interval(f: dict) -> str:
-    """' [lo, hi] over n seeds' of a compute-error ratio, when the failure has one."""
+    """' [lo, hi] over n seeds (compute error c vs c)' of a compute-error ratio, when the failure has one."""
     iv = f.get("interval")
-    return f" [{_fmt(iv[0])}, {_fmt(iv[1])}] over {f['seeds']} seed(s)" if iv and iv[0] is not None else ""
+    if not iv or iv[0] is None:
+        return ""
+    return (
+        f" [{_fmt(iv[0])}, {_fmt(iv[1])}] over {f['seeds']} seed(s) (compute error {_fmt(f.get('c_candidate'))}"
+        f" vs {_fmt(f.get('c_reference'))})"
+    )
 
 
 def format_summary(result: dict) -> str:

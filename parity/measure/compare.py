@@ -23,7 +23,7 @@
     localisation     where the error first exceeds tolerance and what its shape looks like
                      (first chunk, token and head, or sequence and head; see localise)
 `bound(cand, ref, factor)` judges the compute error over seeds (parity.measure.compute_error) and
-max_abs <= factor * max_abs_r + floor_abs;
+max_abs <= factor * (1 + MAX_ABS_MARGIN) * max_abs_r + floor_abs;
 `bound_localisation` says where along T and in which head the candidate exceeds it.
 """
 
@@ -34,7 +34,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
+from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
 TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")  # [B, T, H, ...]
@@ -422,8 +422,8 @@ def common_seeds(cand: dict, ref: dict) -> tuple[list[dict], list[dict]]:
 def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN, seeds_max: int = SEEDS_MAX) -> dict:
     """The bound for two compare_tensor records (with their seeds, parity.execute.case): the compute
     error's, judged over the seeds both hold (compute_error.judge, verdict_after with this seed
-    policy: fewer seeds than it needs is `inconclusive`), and max_abs <= factor * max_abs_r + floor_abs
-    on the case's own seed. verdict: pass | fail-bound | inconclusive; ok: verdict == pass."""
+    policy: fewer seeds than it needs is `inconclusive`), and max_abs <= factor * (1 + MAX_ABS_MARGIN) *
+    max_abs_r + floor_abs on the case's own seed. verdict: pass | fail-bound | inconclusive; ok: verdict == pass."""
     out = {"factor": factor}
     ref_nonfinite = bool(ref.get("nan") or ref.get("inf"))
     if ref_nonfinite:  # its epsilons cover only its finite elements: no bound from it
@@ -468,7 +468,7 @@ def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN
         if c is None:
             verdict = "fail-bound"
     else:
-        limit = factor * r + ref["floor_abs"]
+        limit = factor * (1 + MAX_ABS_MARGIN) * r + ref["floor_abs"]
         out["max_abs"] = {
             "candidate": c,
             "reference": r,

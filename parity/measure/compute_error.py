@@ -39,9 +39,12 @@ hi <= factor, fail when lo > factor * (1 + MARGIN). MARGIN is the power target o
 SEEDS_MAX * ALPHA (< 1%) of the time (Bonferroni; the looks share data, so far less). Where the
 reference's own compute error is not distinguishable from zero (its sum is not above t times
 its standard error: a tensor both sides compute exactly, or too few blocks to tell, e.g. dg_gamma's
-one element per head) the ratio means nothing: the method is `rounding`, the old bound on the
-epsilons pooled over seeds, eps_c <= factor * eps_r + floor; before SEEDS_MIN seeds it decides only
-when eps_c is a factor (1 + MARGIN) below or above that limit.
+one element per head, or simple_gla's dg with one block per row and head) the ratio means nothing:
+the method is `rounding`, the old bound on the epsilons pooled over seeds, limit = factor * eps_r +
+floor, with the same indifference zone: pass when eps_c <= limit * (1 + MARGIN), else fail; before
+SEEDS_MIN seeds only pass when eps_c <= limit or fail when above limit * (1 + MARGIN). Without
+blocks to measure its sampling error this is weaker than the ratio (parity power's rows say which
+method each tensor got).
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ SEEDS_MIN = 3  # seeds a verdict needs unless far from the bound
 SEEDS_MAX = 8  # seeds a run adds while undecided; then inconclusive
 MARGIN = 0.25  # indifference zone above the factor: pass needs hi <= factor * (1 + MARGIN)
 ALPHA = 0.001  # one-sided, per look
+# max_abs, one extreme element, is held to factor x (1 + MAX_ABS_MARGIN) x the reference's (+ floor_abs):
+# at equal compute error (rms) the largest error of two kernels differs by the shape of their error
+# distributions, not by accuracy (measured with parity power: Gaussian noise with FLA's rms has up to
+# 1.5x FLA's max_abs on kda's dbeta and simple_gla's dg, [B, T, H] tensors where FLA's error is
+# smooth); the bound 2x (FlashAttention's factor) still catches a localised error.
+MAX_ABS_MARGIN = 1.0
 COLUMN_GROUPS = 8  # groups of the last axis per (row, head)
 TIME_AXES = (0, 2)  # [B, T, H, ...]: row and head
 STATE_AXES = (0, 1)  # [N, H, K, V]
@@ -119,7 +128,6 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
     if not d.sum() > t * sd_d:  # the reference's compute error is not resolved: the rounding bound
         eps_c, eps_r, floor = (math.sqrt(max(0.0, float(x.sum()) / max(1, k))) for x in (ec, er, fr))
         limit = factor * eps_r + floor
-        ok = eps_c <= limit
         out.update(
             method="rounding",
             eps_candidate=eps_c,
@@ -129,8 +137,8 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
             ratio=None,
             lo=None,
             hi=None,
-            decision="pass" if ok else "fail",
-            far="pass" if eps_c <= limit / (1 + margin) else "fail" if eps_c > limit * (1 + margin) else None,
+            decision="pass" if eps_c <= limit * (1 + margin) else "fail",
+            far="pass" if eps_c <= limit else "fail" if eps_c > limit * (1 + margin) else None,
         )
         return out
     q = float(a.sum() / d.sum())

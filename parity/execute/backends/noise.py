@@ -46,4 +46,5 @@ class NoiseBackend:
             implementation=f"exact result + Gaussian noise, relative rms {self.default:g} on low-precision outputs",
             versions={},
             numerics="float64+noise",
+            notes={"no_tpu_program": "the oracle plus noise: nothing to compile for a TPU"},
         )
