@@ -1,7 +1,16 @@
 """The case registry: `Case`, deterministic inputs, named suites and hypothesis strategies."""
 
 from cases.case import DTYPES, GATES, OPS, Case, CaseError
-from cases.inputs import check_size, input_hash, input_shapes, input_size, make_inputs, make_inputs_f64, storage_dtype
+from cases.inputs import (
+    check_size,
+    input_hash,
+    input_shapes,
+    input_size,
+    make_inputs,
+    make_inputs_f64,
+    seed_at,
+    storage_dtype,
+)
 
 __all__ = [
     "Case",
@@ -15,6 +24,7 @@ __all__ = [
     "input_size",
     "make_inputs",
     "make_inputs_f64",
+    "seed_at",
     "storage_dtype",
 ]
 from cases.suites import SUITES, get_suite, load_cases_file

@@ -1,13 +1,16 @@
 """The `Case`: one fully specified parity test, immutable and JSON-serialisable.
 
 A case fixes everything that decides the inputs and the computation: the op, the
-shapes (FLA layout: q, k [B, T, H, K]; v [B, T, H, V]; state [N, H, K, V]), the
+shapes (FLA layout: q, k [B, T, H, K]; v [B, T, HV, V]; state [N, HV, K, V], with HV = H
+value heads except for the delta-rule ops kda and gdn, where HV = G * H and value head j
+reads q, k head j // G: FLA's grouped value attention, "GVA"), the
 dtype of q/k/v/do, the chunk size, the gating kind and its parameters, the scale,
 whether an initial state is given and a final state returned, varlen sequence
 lengths (packed, B == 1), the seed, and the direction (fwd or fwdbwd).
 
 Its id is readable and round-trips:
     simple_gla-fwdbwd-B2-T256-H4-K128-V128-bf16-C128-gamma_alibi-h0-ht
+    gdn-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-HV4      (HV shown only when it is not H)
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ import re
 from numbers import Real
 from typing import Any
 
-OPS = ("simple_gla", "gla", "kda")
+OPS = ("simple_gla", "gla", "kda", "gdn")
+# the delta-rule ops: a beta [B, T, HV] input, and grouped value heads (HV = G * H) allowed
+DELTA_OPS = ("kda", "gdn")
 DIRECTIONS = ("fwd", "fwdbwd")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 DTYPE_FROM_SHORT = {v: k for k, v in DTYPES.items()}
 CHUNK_SIZES = (16, 32, 64, 128)
 
 # Gating kinds: name -> (ops that accept it, parameter defaults in id order).
-#   g_logsig     g = logsigmoid(x) / norm, x ~ N(0, 1)      (per token; per channel for gla/kda)
+#   g_logsig     g = logsigmoid(x) / norm, x ~ N(0, 1)      (per token and head: simple_gla, gdn;
+#                                                           per channel too: gla, kda)
 #   g_stress     g = -mag * U(0.5, 1.5) per token: |g| * chunk far beyond 88.7 (fp32 exp range)
 #   gamma_alibi  g_gamma = -ALiBi slope of head h, spread over layers like MiniMax/lightning
 #                attention: slope * (1 - layer / (layers - 1) + 1e-5)
@@ -33,8 +39,8 @@ CHUNK_SIZES = (16, 32, 64, 128)
 #   gamma_retnet g_gamma = log(1 - 2^(-5 - h)): RetNet's multi-scale retention decay of head h
 #                (Sun et al. 2023; FLA's fla/ops/retention computes the same)
 GATES: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {
-    "g_logsig": (("simple_gla", "gla", "kda"), {"norm": 16}),
-    "g_stress": (("simple_gla", "gla", "kda"), {"mag": 2}),
+    "g_logsig": (("simple_gla", "gla", "kda", "gdn"), {"norm": 16}),
+    "g_stress": (("simple_gla", "gla", "kda", "gdn"), {"mag": 2}),
     "gamma_alibi": (("simple_gla",), {"layer": 0, "layers": 1}),
     "gamma_stress": (("simple_gla",), {"mag": 1}),
     "gamma_retnet": (("simple_gla",), {}),
@@ -67,6 +73,7 @@ class Case:
     seqlens: tuple[int, ...] | None = None
     seed: int = 0
     direction: str = "fwdbwd"
+    HV: int | None = None  # value heads (see `value_heads`); None, or H, means H: stored as None
 
     def __post_init__(self):
         self._check_types()
@@ -81,6 +88,8 @@ class Case:
             object.__setattr__(self, "seqlens", tuple(self.seqlens))
         if self.scale is not None:
             object.__setattr__(self, "scale", float(self.scale))
+        if self.HV == self.H:
+            object.__setattr__(self, "HV", None)  # so that replace(H=...) keeps HV = H
         self.validate()
 
     # ---------------------------------------------------------------- validation
@@ -94,6 +103,8 @@ class Case:
             val = getattr(self, f)
             if not isinstance(val, int) or isinstance(val, bool):
                 _bad(f, val, "an int")
+        if self.HV is not None and (not isinstance(self.HV, int) or isinstance(self.HV, bool)):
+            _bad("HV", self.HV, "None (H) or an int")
         for f in ("h0", "ht"):
             if not isinstance(getattr(self, f), bool):
                 _bad(f, getattr(self, f), "true or false (a bool)")
@@ -117,6 +128,11 @@ class Case:
             val = getattr(self, f)
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 _bad(f, val, "a positive int")
+        if self.HV is not None:
+            if self.op not in DELTA_OPS:
+                _bad("HV", self.HV, f"None or H={self.H} for op {self.op!r} (grouped value heads: {list(DELTA_OPS)})")
+            if self.HV < 1 or self.HV % self.H:
+                _bad("HV", self.HV, f"None or a positive multiple of H={self.H} (HV = G * H value heads)")
         if self.dtype not in DTYPES:
             _bad("dtype", self.dtype, f"one of {list(DTYPES)}")
         if self.chunk_size not in CHUNK_SIZES:
@@ -167,6 +183,21 @@ class Case:
         return self.gate.startswith("gamma_")
 
     @property
+    def value_heads(self) -> int:
+        """HV: the heads of v, o, g, beta and the state (H unless the case groups value heads)."""
+        return self.H if self.HV is None else self.HV
+
+    @property
+    def G(self) -> int:
+        """Value heads per q, k head (HV = G * H): value head j reads q, k head j // G."""
+        return self.value_heads // self.H
+
+    @property
+    def has_beta(self) -> bool:
+        """A delta-rule op: beta [B, T, HV] is an input."""
+        return self.op in DELTA_OPS
+
+    @property
     def N(self) -> int:
         """Number of sequences (rows of the state)."""
         return len(self.seqlens) if self.seqlens is not None else self.B
@@ -198,7 +229,7 @@ class Case:
         names = ["o"] + (["ht"] if self.ht else [])
         if self.backward:
             names += ["dq", "dk", "dv", "d" + self.gate_name]
-            if self.op == "kda":
+            if self.has_beta:
                 names.append("dbeta")
             if self.h0:
                 names.append("dh0")
@@ -220,6 +251,8 @@ class Case:
         ]
         gate = self.gate + "".join(f".{k}{v}" for k, v in self.gate_params)
         parts.append(gate)
+        if self.HV is not None:
+            parts.append(f"HV{self.HV}")
         if self.scale is not None:
             parts.append(f"s{self.scale!r}")
         if self.h0:
@@ -241,7 +274,7 @@ class Case:
         if len(toks) < 10:
             raise CaseError(
                 f"case id {case_id!r} is malformed: expected "
-                "op-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-s#][-h0][-ht][-lens#_#][-seed#]"
+                "op-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-HV#][-s#][-h0][-ht][-lens#_#][-seed#]"
             )
         op, direction = toks[0], toks[1]
         dims = {}
@@ -270,6 +303,8 @@ class Case:
                 kw["ht"] = True
             elif re.fullmatch(r"lens\d+(_\d+)*", tok):
                 kw["seqlens"] = tuple(int(x) for x in tok[4:].split("_"))
+            elif re.fullmatch(r"HV\d+", tok):
+                kw["HV"] = int(tok[2:])
             elif re.fullmatch(r"seed\d+", tok):
                 kw["seed"] = int(tok[4:])
             elif re.fullmatch(r"s(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", tok):
@@ -291,6 +326,8 @@ class Case:
         d = dataclasses.asdict(self)
         d["gate_params"] = dict(self.gate_params)
         d["seqlens"] = list(self.seqlens) if self.seqlens is not None else None
+        if self.HV is None:
+            del d["HV"]  # as before value heads existed: one case, one dict
         return d
 
     @classmethod

@@ -5,16 +5,17 @@ sha256(seed, tensor name)), is drawn in float64 and then rounded once to its
 storage dtype (ml_dtypes for bfloat16). Torch and jax receive these exact bits;
 nothing here depends on the installed torch or jax.
 
-Tensors (FLA names and layout):
-    q, k        [B, T, H, K]   case dtype (kda: L2-normalised over K before rounding)
-    v           [B, T, H, V]   case dtype
-    g           [B, T, H]      float32 log-decay (simple_gla), or [B, T, H, K] (gla, kda)
-    g_gamma     [H]            float32 per-head log-decay (simple_gla, gamma_* gates)
-    beta        [B, T, H]      float32 in (0, 1) (kda)
-    initial_state [N, H, K, V] float32 (when case.h0)
-    cu_seqlens  [N + 1]        int64 (varlen cases)
-    do          [B, T, H, V]   case dtype (fwdbwd)
-    dht         [N, H, K, V]   float32 (fwdbwd with case.ht)
+Tensors (FLA names and layout; HV = case.value_heads, H except for grouped kda / gdn cases):
+    q, k        [B, T, H, K]    case dtype (kda, gdn: L2-normalised over K before rounding)
+    v           [B, T, HV, V]   case dtype
+    g           [B, T, H]       float32 log-decay (simple_gla), [B, T, HV] (gdn), or
+                [B, T, H, K] (gla), [B, T, HV, K] (kda)
+    g_gamma     [H]             float32 per-head log-decay (simple_gla, gamma_* gates)
+    beta        [B, T, HV]      float32 in (0, 1) (kda, gdn)
+    initial_state [N, HV, K, V] float32 (when case.h0)
+    cu_seqlens  [N + 1]         int64 (varlen cases)
+    do          [B, T, HV, V]   case dtype (fwdbwd)
+    dht         [N, HV, K, V]   float32 (fwdbwd with case.ht)
 Gates, beta and states stay float32 as in real models, where they are computed in
 float32 and the recurrent state is kept in float32.
 """
@@ -43,6 +44,15 @@ def rng_for(seed: int, name: str) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=key))
 
 
+def seed_at(seed: int, k: int) -> int:
+    """The k-th input seed of a case whose own seed is `seed`: k = 0 is the seed itself, later ones
+    are derived from it (sha256 of "parity/seed/<seed>/<k>", 31 bits), so that every run of the
+    case draws the same seeds in the same order."""
+    if k == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"parity/seed/{seed}/{k}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
 def alibi_slopes(H: int) -> np.ndarray:
     """ALiBi slopes for H heads (Press et al.), including non-powers of two. [H] float64."""
 
@@ -69,17 +79,18 @@ def logsigmoid(x: np.ndarray) -> np.ndarray:
 
 def input_shapes(case: Case) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor input make_inputs returns (cu_seqlens aside), without drawing it."""
-    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
-    gate = (H,) if case.uses_g_gamma else (B, T, H) if case.op == "simple_gla" else (B, T, H, K)
-    shapes = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, H, V), case.gate_name: gate}
-    if case.op == "kda":
-        shapes["beta"] = (B, T, H)
+    B, T, H, K, V, N, HV = case.B, case.T, case.H, case.K, case.V, case.N, case.value_heads
+    per_head = case.op in ("simple_gla", "gdn")
+    gate = (H,) if case.uses_g_gamma else (B, T, HV) if per_head else (B, T, HV, K)
+    shapes = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, HV, V), case.gate_name: gate}
+    if case.has_beta:
+        shapes["beta"] = (B, T, HV)
     if case.h0:
-        shapes["initial_state"] = (N, H, K, V)
+        shapes["initial_state"] = (N, HV, K, V)
     if case.backward:
-        shapes["do"] = (B, T, H, V)
+        shapes["do"] = (B, T, HV, V)
         if case.ht:
-            shapes["dht"] = (N, H, K, V)
+            shapes["dht"] = (N, HV, K, V)
     return shapes
 
 
@@ -109,12 +120,12 @@ def make_inputs_f64(case: Case) -> dict[str, np.ndarray]:
     shapes = input_shapes(case)
     normal = lambda name: rng_for(case.seed, name).standard_normal(shapes[name])
     x = {"q": normal("q"), "k": normal("k"), "v": normal("v")}
-    if case.op == "kda":
+    if case.has_beta:
         for n in ("q", "k"):
             x[n] = x[n] / np.linalg.norm(x[n], axis=-1, keepdims=True)
     name, gate = _gate(case, shapes[case.gate_name])
     x[name] = gate
-    if case.op == "kda":
+    if case.has_beta:
         x["beta"] = 1.0 / (1.0 + np.exp(-normal("beta")))
     for name in ("initial_state", "do", "dht"):
         if name in shapes:
@@ -141,13 +152,7 @@ MAX_INPUT_BYTES = 8 * 2**30
 
 def input_size(case: Case) -> tuple[int, int]:
     """(elements, bytes) of the case's inputs as make_inputs_f64 draws them (float64)."""
-    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
-    n = B * T * H * (2 * K + V)
-    n += H if case.uses_g_gamma else B * T * H * (1 if case.op == "simple_gla" else K)
-    n += B * T * H if case.op == "kda" else 0
-    n += N * H * K * V if case.h0 else 0
-    if case.backward:
-        n += B * T * H * V + (N * H * K * V if case.ht else 0)
+    n = sum(math.prod(s) for s in input_shapes(case).values())
     return n, 8 * n
 
 

@@ -78,12 +78,22 @@ MODEL_LAYERS: tuple[ModelLayer, ...] = (
         dict(op="kda", H=16, K=128, V=128, dtype="bfloat16", gate="g_logsig", ht=True),
     ),
     # FLA GatedDeltaNetConfig defaults (fla/models/gated_deltanet/configuration_gated_deltanet.py):
-    # head_dim 256, num_heads 6, expand_v 2 -> K = 256, V = 512; as KDA (delta rule with a
-    # per-channel gate), the op of this registry closest to Gated DeltaNet.
+    # head_dim 256, num_heads 6, expand_v 2 -> K = 256, V = 512; the gated delta rule, one
+    # log-decay per head (gdn).
     ModelLayer(
-        "Gated DeltaNet-1.3B head dims, as KDA",
+        "Gated DeltaNet-1.3B layer",
         "Yang et al. 2024, arXiv 2412.06464; FLA GatedDeltaNetConfig",
-        dict(op="kda", H=6, K=256, V=512, dtype="bfloat16", gate="g_logsig"),
+        dict(op="gdn", H=6, K=256, V=512, dtype="bfloat16", gate="g_logsig"),
+    ),
+    # Qwen3-Next's linear-attention layers (Qwen/Qwen3-Next-80B-A3B-Instruct config.json:
+    # linear_num_key_heads 16, linear_num_value_heads 32, linear_key_head_dim 128,
+    # linear_value_head_dim 128): the gated delta rule with grouped value heads, HV = 2 H, each
+    # q, k head read by 2 value heads; q, k L2-normalised (use_qk_l2norm_in_kernel), bf16 inputs,
+    # float32 state. Its gate is -exp(A_log) * softplus(a + dt_bias) per head, here g_logsig.
+    ModelLayer(
+        "Qwen3-Next-80B-A3B gated DeltaNet layer (16 q/k heads, 32 value heads)",
+        "Qwen/Qwen3-Next-80B-A3B-Instruct config.json (Qwen team 2025)",
+        dict(op="gdn", H=16, HV=32, K=128, V=128, dtype="bfloat16", gate="g_logsig", ht=True),
     ),
 )
 # a serving batch of packed prompts, one of a single token (varlen with the GLA-1.3B layer)

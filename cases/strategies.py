@@ -17,7 +17,7 @@ import dataclasses
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from cases.case import CHUNK_SIZES, GATES, OPS, Case
+from cases.case import CHUNK_SIZES, DELTA_OPS, GATES, OPS, Case
 from cases.inputs import input_size
 
 # head dims, ascending (shrinking goes to the first): the sublane (8) and small heads; FLA's
@@ -62,11 +62,14 @@ def case(
     varlen = draw(st.booleans())
     lens = draw(seqlens(max_T)) if varlen else None
     T = sum(lens) if lens else draw(st.integers(1, max_T))
+    H = draw(st.integers(1, 4))
+    G = draw(st.sampled_from([1, 2, 3])) if op in DELTA_OPS else 1  # grouped value heads
     return Case(
         op=op,
         B=1 if lens else draw(st.integers(1, 2)),
         T=T,
-        H=draw(st.integers(1, 4)),
+        H=H,
+        HV=G * H if G > 1 else None,
         K=draw(st.sampled_from(kv)),
         V=draw(st.sampled_from(kv)),
         dtype=draw(st.sampled_from(dtypes)),

@@ -13,12 +13,13 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from cases.case import GATES, OPS, Case, CaseError
+from cases.case import GATES, Case, CaseError
 from cases.models import MODEL_LAYERS, PACKED_GLA, model_case, models, models_at_scale
 
-# the gates the ci and full grids cover (gates added later join through cases of their own,
-# so that no existing case of a grid changes)
+# the gates and ops the grids cover (gates and ops added later join through cases of their own,
+# so that no existing case of a grid changes: gdn and grouped value heads, `delta_rule_cases`)
 GRID_GATES = ("g_logsig", "g_stress", "gamma_alibi", "gamma_stress")
+GRID_OPS = ("simple_gla", "gla", "kda")
 
 
 def gates_for(op: str, among=GRID_GATES) -> list[str]:
@@ -57,6 +58,7 @@ def smoke() -> list[Case]:
         Case("gla", **base, dtype="bfloat16", direction="fwd"),
         Case("kda", **base, h0=True, ht=True),
         Case("kda", **base, dtype="bfloat16", direction="fwd"),
+        Case("gdn", **base, HV=4, h0=True, ht=True),
     ]
 
 
@@ -65,7 +67,7 @@ def ci() -> list[Case]:
     not aligned to the chunk) and wide K/V rotated through the grid."""
     primary = [
         p
-        for op in OPS
+        for op in GRID_OPS
         for p in _product(
             op=[op],
             direction=["fwd", "fwdbwd"],
@@ -81,7 +83,19 @@ def ci() -> list[Case]:
         dict(B=1, T=64, H=1, K=256, V=256),
         dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130)),
     ]
-    return covering(primary, {"state": STATES, "shape": shapes}) + head_dims()
+    return covering(primary, {"state": STATES, "shape": shapes}) + head_dims() + delta_rule_cases()
+
+
+def delta_rule_cases() -> list[Case]:
+    """gdn and grouped value heads (HV = G * H, value head j reads q, k head j // G) for the
+    delta-rule ops (part of ci): gdn forward and backward with h0 / ht and T off the chunk grid;
+    kda with HV = 2 H; gdn with HV = 2 H, packed sequences and bf16. Small heads (K = V = 32):
+    each costs 20 to 60 s of the interpreters on 2 cores."""
+    return [
+        Case("gdn", B=1, T=100, H=2, K=32, V=32, h0=True, ht=True),
+        Case("kda", B=1, T=64, H=1, K=32, V=32, HV=2, h0=True, ht=True),
+        Case("gdn", B=1, T=96, H=1, K=32, V=32, HV=2, dtype="bfloat16", seqlens=(40, 56), h0=True, ht=True),
+    ]
 
 
 def head_dims() -> list[Case]:
@@ -102,7 +116,7 @@ def head_dims() -> list[Case]:
     }
     return [
         Case(op, B=1, T=80, H=1 if d["V"] > 256 else 2, gate=gate, **d)
-        for op in OPS
+        for op in GRID_OPS
         for d, gate in zip(dims, gates[op])
     ]
 
@@ -129,7 +143,7 @@ def stability() -> list[Case]:
     ]
     cases += [
         Case(op, B=1, T=256, H=2, K=64, V=64, chunk_size=chunk, gate=gate, dtype=dtype)
-        for op in OPS
+        for op in GRID_OPS
         for gate in gates_for(op)
         if gate.endswith("stress")
         for chunk, dtype in [(64, "float32"), (128, "bfloat16")]
@@ -157,7 +171,7 @@ def varlen() -> list[Case]:
     lens = [(1, 63, 64, 2), (100, 1, 27), (64, 65), (5, 1, 1, 120)]
     return [
         Case(op, B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype, h0=h0, ht=True)
-        for op in OPS
+        for op in GRID_OPS
         for ls, (chunk, dtype, h0) in zip(
             lens, itertools.cycle([(64, "float32", True), (128, "bfloat16", False), (64, "bfloat16", True)])
         )
@@ -170,7 +184,7 @@ def full() -> list[Case]:
     shapes = [s for s in shapes if s["B"] * s["T"] * s["H"] <= 8 * 2048 * 32]
     primary = [
         p
-        for op in OPS
+        for op in GRID_OPS
         for p in _product(op=[op], dtype=["float32", "bfloat16"], chunk_size=[64, 128], gate=gates_for(op))
     ]
     shape_axis = [dict(B=s["B"], T=s["T"], H=s["H"], K=s["KV"], V=s["KV"]) for s in shapes]
@@ -183,20 +197,20 @@ FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "sca
 @functools.cache
 def fla_tests_sources() -> dict[str, list[str]]:
     """case id -> the FLA tests (file::function[id]) that use its parameters
-    (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda}.py as data)."""
+    (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda,gdn}.py as data)."""
     # late: a 3,200-line data table, parsed only when the fla-tests suite or a case's label is asked for
     from cases.fla_tests_data import FLA_TESTS
 
     out: dict[str, list[str]] = {}
     for e in FLA_TESTS:
-        c = Case(**{k: e[k] for k in FLA_FIELDS}, gate_params={"norm": e["norm"]})
+        c = Case(**{k: e[k] for k in FLA_FIELDS}, HV=e.get("HV"), gate_params={"norm": e["norm"]})
         out.setdefault(c.id, []).append(e["source"])
     return out
 
 
 def fla_tests() -> list[Case]:
     """The shapes, dtypes, chunk sizes, gate strengths and varlen offsets of FLA's own tests for
-    simple_gla, gla and kda, one case per distinct parameter set (several FLA tests share one)."""
+    simple_gla, gla, kda and gdn, one case per distinct parameter set (several FLA tests share one)."""
     return [Case.from_id(i) for i in fla_tests_sources()]
 
 

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-CHUNK_HEAD_GATE = 64  # simple_gla: [C, C] decays, matmuls
+CHUNK_HEAD_GATE = 64  # simple_gla, gdn: [C, C] decays, matmuls
 CHUNK_CHANNEL_GATE = 16  # gla, kda: [C, C, K] decays
 SLICE_ELEMENTS = 2**17  # the elements of one [H, n, C, C, K] temporary (in cache)
 GROUP_ELEMENTS = 2**21  # heads are grouped to about this many elements per state array
@@ -384,12 +384,21 @@ def kda_chunked(q, k, v, g, beta, scale, h0, cu_seqlens, *, do=None, dht=None, c
     w = (I + diag(beta) L)^-T du, dv = beta w, dbeta_i = w_i . u_i / beta_i (computed
     without the division), d(L, k exp(b), S) = -beta w (u, S, k exp(b))^T.
 
-    q, k, g [B, T, H, K]; v, do [B, T, H, V]; beta [B, T, H]; h0, dht [N, H, K, V] or None.
+    q, k [B, T, H, K]; g [B, T, HV, K] per channel (kda) or [B, T, HV, 1] per head (gdn); v, do
+    [B, T, HV, V]; beta [B, T, HV]; h0, dht [N, HV, K, V] or None. HV = G * H: value head j reads
+    q, k head j // G (computed as HV heads on q, k repeated G times; dq, dk summed over the group).
     Returns (o, ht) or (o, ht, grads) with grads q, k, v, g, beta, initial_state."""
-    tok = {"q": q, "k": k, "v": v, "g": g, "beta": np.asarray(beta)[..., None]}
-    out = _run(_kda, chunk or CHUNK_CHANNEL_GATE, tok, scale, h0, cu_seqlens, do, dht)
+    G = np.shape(v)[2] // np.shape(q)[2]
+    rep = lambda a: np.repeat(np.asarray(a), G, axis=2)  # noqa: E731
+    tok = {"q": rep(q), "k": rep(k), "v": v, "g": g, "beta": np.asarray(beta)[..., None]}
+    C = chunk or (CHUNK_HEAD_GATE if np.shape(g)[-1] == 1 else CHUNK_CHANNEL_GATE)
+    out = _run(_kda, C, tok, scale, h0, cu_seqlens, do, dht)
     if do is not None:
-        out[2]["beta"] = out[2]["beta"][..., 0]
+        grads = out[2]
+        grads["beta"] = grads["beta"][..., 0]
+        for n in ("q", "k"):
+            B, T, HV, K = grads[n].shape
+            grads[n] = grads[n].reshape(B, T, HV // G, G, K).sum(3)
     return out
 
 
@@ -434,6 +443,6 @@ def _kda(ch: Chunks, x: dict, scale: float, h0, dO, dht):
     dqs += dq_in * eb
     dk += dk_L + dk_out * np.exp(bL - b) + dkq * eb
     # dg_s: the pairs across s, as in _gla, and the prediction's (L, kq)
-    dg = R + _suffix(qd * dq_in + kq * dkq) + _prefix_before(kd * dk_out)
+    dg = R + _suffix(_gate_terms(qd, dq_in, G) + _gate_terms(kq, dkq, G)) + _prefix_before(_gate_terms(kd, dk_out, G))
     dg += (decay[..., 0] * _state_terms(S_prev, dS_end, G))[:, :, None]
     return o, ht, {"q": dqs * scale, "k": dk, "v": bw, "g": dg, "beta": dbeta, "initial_state": dh0}

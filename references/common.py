@@ -51,9 +51,17 @@ def _shape(name, x, rank):
 
 
 def validate(
-    q, k, v, *, gates: dict[str, tuple[np.ndarray | None, tuple]], initial_state=None, cu_seqlens=None
+    q,
+    k,
+    v,
+    *,
+    gates: dict[str, tuple[np.ndarray | None, tuple]],
+    initial_state=None,
+    cu_seqlens=None,
+    grouped: bool = False,
 ) -> tuple[int, int, int, int, int, int]:
-    """Check shapes against FLA's layout; returns (B, T, H, K, V, N).
+    """Check shapes against FLA's layout; returns (B, T, HV, K, V, N), HV the heads of v and
+    of the state: H, or with grouped (the delta-rule ops) any multiple G * H of the q, k heads.
 
     gates maps an argument name to (array or None, expected shape with B/T/H/K symbols
     already substituted) for the gate-like inputs (g, g_gamma, beta)."""
@@ -61,9 +69,12 @@ def validate(
     if np.shape(k) != (B, T, H, K):
         raise ValueError(f"k must have the shape of q {(B, T, H, K)} [B, T, H, K], got {np.shape(k)}")
     vs = _shape("v", v, 4)
-    if vs[:3] != (B, T, H):
+    if grouped and (vs[:2] != (B, T) or vs[2] % H):
+        raise ValueError(f"v must have shape [B, T, HV, V] = [{B}, {T}, HV, V], HV a multiple of H = {H}, got {vs}")
+    if not grouped and vs[:3] != (B, T, H):
         raise ValueError(f"v must have shape [B, T, H, V] = [{B}, {T}, {H}, V], got {vs}")
-    V = vs[3]
+    heads = "HV" if grouped else "H"
+    H, V = vs[2], vs[3]
     for name, (x, expected) in gates.items():
         if x is not None and np.shape(x) != tuple(expected):
             raise ValueError(f"{name} must have shape {tuple(expected)}, got {np.shape(x)}")
@@ -82,7 +93,9 @@ def validate(
             raise ValueError(f"cu_seqlens must end at T={T}, got {cu[-1]}")
         N = cu.size - 1
     if initial_state is not None and np.shape(initial_state) != (N, H, K, V):
-        raise ValueError(f"initial_state must have shape [N, H, K, V] = {(N, H, K, V)}, got {np.shape(initial_state)}")
+        raise ValueError(
+            f"initial_state must have shape [N, {heads}, K, V] = {(N, H, K, V)}, got {np.shape(initial_state)}"
+        )
     return B, T, H, K, V, N
 
 

@@ -102,3 +102,20 @@ def assert_matches_oracle(case: Case, tensors: dict[str, np.ndarray]) -> None:
         if m["verdict"] != "pass":
             failures[name] = (m["verdict"], m["rel_rms"], m["tol"], m["nan"], m["inf"])
     assert not failures, failures
+
+
+def noise_run(
+    case: Case, out: Path, ref_rel: float, cand_rel: float, seeds=(3, 8), cand_name: str = "cand"
+) -> dict[str, dict]:
+    """run_case on `case` with two noise backends (parity.execute.backends.noise): a reference named
+    fla whose low-precision tensors carry compute error ref_rel, a candidate with cand_rel; the
+    records by backend name (the real seed loop: sequential seeds up to `seeds`)."""
+    from parity.execute.backends.noise import NoiseBackend
+    from parity.execute.case import LazyBackends, run_case
+
+    ref = BackendSpec(f"noise:{ref_rel}", "fla", "reference", "noise", str(ref_rel), "cpu")
+    cand = BackendSpec(f"noise:{cand_rel}", cand_name, "candidate", "noise", str(cand_rel), "cpu")
+    backends = LazyBackends()
+    backends[ref], backends[cand] = NoiseBackend(ref), NoiseBackend(cand)
+    recs, _, _ = run_case(case, ["oracle", ref, cand], backends, out, "test-noise", seeds=seeds)
+    return {r["backend"]: r for r in recs}

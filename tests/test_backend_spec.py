@@ -48,7 +48,7 @@ def test_the_repro_command_reruns_the_same_spec():
 @pytest.mark.parametrize(
     "text, says",
     [
-        ("flax", "expected one of ['oracle', 'fla', 'pallas', 'pallas-fused'], mutant:NAME, or a candidate"),
+        ("flax", "expected one of ['oracle', 'fla', 'pallas', 'pallas-fused'], mutant:NAME, noise:REL, or a candidate"),
         ("mutant:nope", "expected mutant:NAME with NAME one of"),
         ("mine=cuda:m:f", "FRAMEWORK 'cuda' is not one of ['jax', 'pallas', 'torch']"),
         ("../x=jax:m:f", "NAME '../x' is not allowed"),

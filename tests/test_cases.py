@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from cases import Case, CaseError, get_suite, input_hash, load_cases_file, make_inputs
+from cases import OPS, Case, CaseError, get_suite, input_hash, load_cases_file, make_inputs
 from cases.inputs import alibi_g_gamma, alibi_slopes
 from cases.strategies import case as case_strategy
 
@@ -47,6 +47,47 @@ def test_invalid_case_names_field_and_allowed_values(kwargs, field):
     base = dict(op="simple_gla", B=1, T=64, H=2, K=64, V=64)
     with pytest.raises(CaseError, match=rf"Case\.{field}=.*expected"):
         Case(**{**base, **kwargs})
+
+
+def test_value_heads_id_field_and_contract():
+    """HV (grouped value heads) appears in the id only when it is not H (ids without it are as
+    before), round-trips, is accepted for kda and gdn only and must be a multiple of H."""
+    c = Case("gdn", 1, 64, 2, 64, 64, HV=4, h0=True, ht=True)
+    assert c.id == "gdn-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-HV4-h0-ht"
+    assert Case.from_id(c.id) == c and Case.from_dict(c.to_dict()) == c
+    assert (c.value_heads, c.G) == (4, 2)
+    same = Case("kda", 1, 64, 2, 64, 64, HV=2)
+    assert same == Case("kda", 1, 64, 2, 64, 64) and "HV" not in same.id and "HV" not in same.to_dict()
+    assert same.replace(H=4).value_heads == 4  # HV = H follows H
+    for kwargs, allowed in [
+        (dict(op="gla", HV=4), "None or H=2 for op 'gla'"),
+        (dict(op="kda", HV=3), "None or a positive multiple of H=2"),
+        (dict(op="gdn", HV=0), "None or a positive multiple of H=2"),
+        (dict(op="gdn", HV=True), "None \\(H\\) or an int"),
+    ]:
+        with pytest.raises(CaseError, match=rf"Case\.HV=.*expected {allowed}"):
+            Case(**{**dict(B=1, T=64, H=2, K=64, V=64), **kwargs})
+
+
+def test_grouped_and_gdn_input_shapes():
+    """v, do, beta, g and the states have HV heads, q and k H; gdn's gate is one log-decay per
+    value head; q, k L2-normalised for both delta-rule ops."""
+    c = Case("gdn", 1, 40, 2, 16, 8, HV=6, h0=True, ht=True, seqlens=(15, 25))
+    x = make_inputs(c)
+    assert {n: a.shape for n, a in x.items()} == {
+        "q": (1, 40, 2, 16),
+        "k": (1, 40, 2, 16),
+        "v": (1, 40, 6, 8),
+        "g": (1, 40, 6),
+        "beta": (1, 40, 6),
+        "initial_state": (2, 6, 16, 8),
+        "do": (1, 40, 6, 8),
+        "dht": (2, 6, 16, 8),
+        "cu_seqlens": (3,),
+    }
+    assert np.allclose(np.linalg.norm(x["q"], axis=-1), 1.0, atol=1e-6)
+    assert c.output_names() == ["o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"]
+    assert make_inputs(c.replace(op="kda"))["g"].shape == (1, 40, 6, 16)
 
 
 def test_bad_ids_get_clear_errors():
@@ -131,7 +172,11 @@ def test_suites_cover_the_matrix():
         assert any(c.seqlens and any(n % c.chunk_size for n in c.seqlens) for c in mine)
         assert any(max(c.K, c.V) > 128 for c in mine)
     smoke = get_suite("smoke")
-    assert len(smoke) <= 12 and {c.op for c in smoke} == {"simple_gla", "gla", "kda"}
+    assert len(smoke) <= 12 and {c.op for c in smoke} == set(OPS)
+    # the delta-rule cases of ci: gdn forward and backward, grouped value heads on kda and gdn, small
+    delta = [c for c in ci if c.op == "gdn" or c.value_heads > c.H]
+    assert {c.op for c in delta} == {"kda", "gdn"} and {c.op for c in delta if c.value_heads > c.H} == {"kda", "gdn"}
+    assert all(c.backward and c.T <= 128 and c.K <= 32 for c in delta) and len(delta) <= 4
     assert {c.direction for c in smoke} == {"fwd", "fwdbwd"}
     assert any(1 in c.seqlens for c in get_suite("varlen"))
     assert any(c.gate == "gamma_alibi" and c.chunk_size == 128 for c in get_suite("stability"))
@@ -171,6 +216,11 @@ def test_real_model_head_dims_are_cases_on_every_op():
     assert all(label(c) for c in models) and len({label(c) for c in models}) == len(models)
     assert label(Case("gla", 1, 128, 4, 256, 512, dtype="bfloat16")).startswith("GLA-1.3B")
     assert label(ci[0]) is None
+    qwen = Case("gdn", 1, 128, 16, 128, 128, HV=32, dtype="bfloat16", ht=True)  # Qwen3-Next's config.json
+    assert qwen in models and label(qwen).startswith("Qwen3-Next")
+    fla = get_suite("fla-tests")  # FLA's own tests of every op, the grouped-value-head ones of kda and gdn too
+    assert {c.op for c in fla} == set(OPS) and {c.op for c in fla if c.value_heads > c.H} == {"kda", "gdn"}
+    assert all(label(c).startswith("FLA tests/ops/test_") for c in fla)
 
 
 def test_any_head_dim_is_a_case_and_retnet_decay_is_fla_s():

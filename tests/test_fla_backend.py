@@ -1,8 +1,9 @@
 """The fla backend: FLA's real Triton kernels through the Triton interpreter on CPU.
 
 The interpreter fixes are checked on small Triton kernels of our own against numpy on the
-same (bfloat16-rounded) values, then FLA's three ops are checked against the float64
-oracle within the tolerance for every output and gradient, in float32 and bfloat16.
+same (bfloat16-rounded) values, then FLA's four ops (gdn and kda with grouped value heads
+too) are checked against the float64 oracle within the tolerance for every output and
+gradient, in float32 and bfloat16.
 """
 
 from __future__ import annotations
@@ -217,27 +218,43 @@ def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers
 
 
 SHAPE = dict(B=1, T=80, H=2, K=64, V=64, h0=True, ht=True)
-FLA_CASES = [
-    Case(op, **SHAPE, dtype=dt, gate="g_logsig", chunk_size=64)
-    for op in ("simple_gla", "gla", "kda")
-    for dt in ("float32", "bfloat16")
-] + [
-    Case("simple_gla", 1, 96, 2, 64, 64, dtype="bfloat16", chunk_size=128, gate="gamma_alibi"),
-    Case(
-        "simple_gla",
-        1,
-        100,
-        2,
-        64,
-        64,
-        dtype="float32",
-        chunk_size=32,
-        gate="g_logsig",
-        h0=True,
-        ht=True,
-        seqlens=(37, 1, 62),
-    ),
-]
+FLA_CASES = (
+    [
+        Case(op, **SHAPE, dtype=dt, gate="g_logsig", chunk_size=64)
+        for op in ("simple_gla", "gla", "kda")
+        for dt in ("float32", "bfloat16")
+    ]
+    + [
+        Case("simple_gla", 1, 96, 2, 64, 64, dtype="bfloat16", chunk_size=128, gate="gamma_alibi"),
+        Case(
+            "simple_gla",
+            1,
+            100,
+            2,
+            64,
+            64,
+            dtype="float32",
+            chunk_size=32,
+            gate="g_logsig",
+            h0=True,
+            ht=True,
+            seqlens=(37, 1, 62),
+        ),
+    ]
+    + [  # the small-dims end (parity.measure.tol's floor at 64): FLA at 1.6-3.9x its tolerance without it
+        Case.from_id(i)
+        for i in (
+            "kda-fwdbwd-B1-T17-H2-K8-V8-bf16-C16-g_logsig-h0-ht",
+            "kda-fwdbwd-B1-T17-H2-K8-V64-fp32-C16-g_logsig-h0-ht",
+            "gla-fwdbwd-B1-T1-H2-K8-V8-fp32-C16-g_logsig-h0-ht",
+            "simple_gla-fwdbwd-B1-T2-H2-K8-V8-fp32-C16-g_logsig-h0-ht",
+        )
+    ]
+    + [  # the gated delta rule (chunk_gated_delta_rule) and grouped value heads (HV = 2 H) on both delta-rule ops
+        Case("gdn", 1, 80, 1, 32, 32, dtype="float32", gate="g_logsig", HV=2, h0=True, ht=True),
+        Case("kda", 1, 64, 1, 32, 32, dtype="bfloat16", gate="g_logsig", HV=2, h0=True, ht=True, seqlens=(30, 34)),
+    ]
+)
 
 
 @pytest.mark.parametrize("case", FLA_CASES, ids=lambda c: c.id)
@@ -255,7 +272,7 @@ def test_fla_in_the_interpreter_is_within_tolerance_of_the_oracle(case):
 
 
 def test_fla_gives_no_g_gamma_gradient_and_says_so():
-    case = FLA_CASES[-2]
+    case = next(c for c in FLA_CASES if c.uses_g_gamma)
     ex = FlaBackend().run(case, make_inputs(case))
     assert "dg_gamma" not in ex.tensors
     assert "dg_gamma" in ex.notes["unsupported_tensors"]

@@ -1,7 +1,7 @@
 """The one input contract and the one chunk layout of the kernels_jax ops.
 
 The same bad inputs go to every entry point (chunk_simple_gla, fused_chunk_simple_gla,
-chunk_gla, chunk_kda) and must raise the same error, "<op>: <argument> must ..."; the layout
+chunk_gla, chunk_kda, chunk_gdn) and must raise the same error, "<op>: <argument> must ..."; the layout
 plan is checked against an independent per-token walk, host and traced alike; head dims off
 the tiles (K != V, odd sizes, V = 512) and empty packed sequences run on every op against the
 float64 oracle."""
@@ -18,6 +18,7 @@ from cases.inputs import make_inputs
 from kernels_jax.common import config
 from kernels_jax.common import layout as layout_mod
 from kernels_jax.common.validation import NoKernel
+from kernels_jax.gdn import chunk_gdn
 from kernels_jax.gla import chunk_gla
 from kernels_jax.kda import chunk_kda
 from kernels_jax.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
@@ -29,6 +30,7 @@ ENTRY_POINTS = {  # name -> (function, op prefix of its errors, its gate argumen
     "fused_chunk_simple_gla": (fused_chunk_simple_gla, "simple_gla", "g_gamma"),
     "chunk_gla": (chunk_gla, "gla", "g"),
     "chunk_kda": (chunk_kda, "kda", "g"),
+    "chunk_gdn": (chunk_gdn, "gdn", "g"),
 }
 
 
@@ -39,8 +41,8 @@ def valid_args(entry: str, B=1, T=40, H=2, K=64, V=64, dtype=jnp.float32) -> dic
     if entry in ("chunk_simple_gla", "fused_chunk_simple_gla"):
         kw["g_gamma"] = jnp.full((H,), -0.1, jnp.float32)
     else:
-        kw["g"] = jnp.full((B, T, H, K), -0.1, jnp.float32)
-    if entry == "chunk_kda":
+        kw["g"] = jnp.full((B, T, H) if entry == "chunk_gdn" else (B, T, H, K), -0.1, jnp.float32)
+    if entry in ("chunk_kda", "chunk_gdn"):
         kw["beta"] = jnp.full((B, T, H), 0.5, jnp.float32)
     return kw
 
@@ -120,6 +122,36 @@ def test_valid_input_without_a_kernel_is_no_kernel(entry, message, dims, monkeyp
         match="^" + f"{op}: {message}".replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]"),
     ):
         _call(entry, valid_args(entry, **dims), monkeypatch)
+
+
+def _grouped(entry, HV):
+    """Valid arguments with HV value heads on H = 2 q, k heads (v, g, beta and the state)."""
+    kw = valid_args(entry)
+    B, T, H, K = kw["q"].shape
+    kw["v"] = jnp.zeros((B, T, HV, 64), jnp.float32)
+    kw["g"] = jnp.full((B, T, HV) + kw["g"].shape[3:], -0.1, jnp.float32)
+    kw["beta"] = jnp.full((B, T, HV), 0.5, jnp.float32)
+    return {**kw, "initial_state": jnp.zeros((B, HV, K, 64)), "output_final_state": True}
+
+
+@pytest.mark.parametrize("entry", ["chunk_kda", "chunk_gdn"])
+def test_grouped_value_heads_are_a_multiple_of_the_q_k_heads(entry, monkeypatch):
+    """HV = G * H value heads get past validation; HV = 3 on H = 2 is refused naming v; the other
+    ops refuse HV != H (the same message without the grouped alternative)."""
+    with pytest.raises(Exception) as err:
+        _call(entry, _grouped(entry, 4), monkeypatch)
+    assert type(err.value).__name__ == "Reached", err.value
+    op = ENTRY_POINTS[entry][1]
+    expected = f"{op}: v must have shape [B, T, H, V] = [1, 40, 2, V >= 1], or HV = G * H value heads in place of H"
+    with pytest.raises(ValueError) as err:
+        _call(entry, _grouped(entry, 3), monkeypatch)
+    assert str(err.value).startswith(expected), str(err.value)
+    kw = valid_args("chunk_gla")
+    with pytest.raises(ValueError, match=r"^gla: v must have shape \[B, T, H, V\] = \[1, 40, 2, V >= 1\], got"):
+        _call("chunk_gla", {**kw, "v": jnp.zeros((1, 40, 4, 64))}, monkeypatch)
+    bad_state = {**_grouped(entry, 4), "initial_state": jnp.zeros((1, 2, 64, 64))}
+    with pytest.raises(ValueError, match=rf"^{op}: initial_state must have shape \(1, 4, 64, 64\)"):
+        _call(entry, bad_state, monkeypatch)
 
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
@@ -213,7 +245,7 @@ OFF_GRID = [
 @pytest.mark.parametrize("case_id", OFF_GRID)
 def test_off_grid_head_dims_match_the_oracle(case_id):
     case = Case.from_id(case_id)
-    fn = {"simple_gla": chunk_simple_gla, "gla": chunk_gla, "kda": chunk_kda}[case.op]
+    fn = {"simple_gla": chunk_simple_gla, "gla": chunk_gla, "kda": chunk_kda, "gdn": chunk_gdn}[case.op]
     got, _ = run_jax(fn, case, make_inputs(case))
     assert_matches_oracle(case, got)
 

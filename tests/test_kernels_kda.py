@@ -1,4 +1,5 @@
-"""kernels_jax.kda.chunk_kda (Pallas, TPU interpret mode here) against the float64 oracle.
+"""kernels_jax.kda.chunk_kda and kernels_jax.gdn.chunk_gdn (KDA's kernels with a per-head gate;
+Pallas, TPU interpret mode here) against the float64 oracle, with grouped value heads (HV = G * H).
 
 Inputs come from the case registry, tolerances from parity.measure.tol through parity.measure.compare; every
 forward output and every gradient must pass. Shapes are small: compiling an interpret-mode
@@ -14,6 +15,7 @@ import pytest
 
 from cases import Case, make_inputs
 from kernels_jax.common.platform import compile_for_tpu
+from kernels_jax.gdn import chunk_gdn
 from kernels_jax.kda import chunk_kda
 from parity.execute.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
@@ -29,14 +31,39 @@ CASES = [
     "kda-fwdbwd-B1-T130-H1-K128-V256-bf16-C64-g_logsig-h0-ht-lens45_1_84",
     # chunk 16 (one sub-block per chunk), forward only
     "kda-fwd-B1-T40-H1-K64-V64-fp32-C16-g_logsig-h0-ht",
+    # grouped value heads: 2 q, k heads read by 4 value heads each (HV = 8), bf16, batch 2
+    "kda-fwdbwd-B2-T40-H2-K32-V16-bf16-C32-g_logsig-HV8-h0-ht",
+    # gdn: 3 value heads on one q, k head, head dims off the tiles, packed with a length-1 sequence
+    "gdn-fwdbwd-B1-T50-H1-K20-V24-fp32-C16-g_stress-HV3-h0-ht-lens20_1_29",
 ]
+ENTRY = {"kda": chunk_kda, "gdn": chunk_gdn}
 
 
 @pytest.mark.parametrize("case_id", CASES)
 def test_matches_oracle(case_id):
     case = Case.from_id(case_id)
-    tensors, _ = run_jax(chunk_kda, case, make_inputs(case))
+    tensors, _ = run_jax(ENTRY[case.op], case, make_inputs(case))
     assert_matches_oracle(case, tensors)
+
+
+def test_gdn_is_kda_on_repeated_q_k_with_the_gate_broadcast():
+    """chunk_gdn with HV = 2 H (value head j reads q, k head j // 2 through the kernels' index maps,
+    the per-head gate broadcast over K inside) equals chunk_kda on q, k repeated per value head and g
+    broadcast by hand: the same kernel arithmetic, so o and ht to the bit; dq, dk are the sums over
+    each group, dg the sum over K."""
+    case = Case.from_id("gdn-fwdbwd-B1-T40-H2-K16-V16-fp32-C16-g_logsig-HV4-h0-ht")
+    x = make_inputs(case)
+    flat = case.replace(op="kda", H=4, HV=None)
+    x_flat = dict(x, q=np.repeat(x["q"], 2, axis=2), k=np.repeat(x["k"], 2, axis=2))
+    x_flat["g"] = np.ascontiguousarray(np.broadcast_to(x["g"][..., None], x["g"].shape + (16,)))
+    got, _ = run_jax(chunk_gdn, case, x)
+    ref, _ = run_jax(chunk_kda, flat, x_flat)
+    for n in ("o", "ht"):
+        np.testing.assert_array_equal(got[n], ref[n], err_msg=n)
+    ref["dq"], ref["dk"] = (ref[n].reshape(1, 40, 2, 2, 16).sum(3) for n in ("dq", "dk"))
+    ref["dg"] = ref["dg"].sum(-1)
+    for n in ("dq", "dk", "dv", "dg", "dbeta", "dh0"):
+        np.testing.assert_allclose(got[n], ref[n], rtol=1e-5, atol=1e-6, err_msg=n)
 
 
 def _packed_call(inputs, cu_seqlens, chunk_size):
@@ -97,16 +124,18 @@ def test_traced_cu_seqlens_matches_concrete():
     np.testing.assert_allclose(np.asarray(ht), ht_ref, rtol=1e-6, atol=1e-6)
 
 
-def test_lowers_for_tpu():
-    """Forward and backward, varlen with traced cu_seqlens, K 128 / V 256, bf16: all four kernels
-    lower to Mosaic TPU custom calls (none is left in interpret mode)."""
+@pytest.mark.parametrize("op, HV", [("kda", 2), ("gdn", 4)])
+def test_lowers_for_tpu(op, HV):
+    """Forward and backward, varlen with traced cu_seqlens, K 128 / V 256, bf16 (gdn: HV = 2 H
+    value heads): all four kernels lower to Mosaic TPU custom calls (none is left in interpret mode)."""
     B, T, H, K, V = 1, 100, 2, 128, 256
     q = jnp.zeros((B, T, H, K), jnp.bfloat16)
-    v = jnp.zeros((B, T, H, V), jnp.bfloat16)
-    g, beta, h0 = jnp.zeros((B, T, H, K)), jnp.zeros((B, T, H)), jnp.zeros((2, H, K, V))
+    v = jnp.zeros((B, T, HV, V), jnp.bfloat16)
+    g = jnp.zeros((B, T, HV) if op == "gdn" else (B, T, HV, K))
+    beta, h0 = jnp.zeros((B, T, HV)), jnp.zeros((2, HV, K, V))
 
     def fwd_bwd(q, k, v, g, beta, h0, cu):
-        f = lambda q, k, v, g, beta, h0: chunk_kda(
+        f = lambda q, k, v, g, beta, h0: ENTRY[op](
             q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu
         )
         outs, vjp = jax.vjp(f, q, k, v, g, beta, h0)

@@ -10,7 +10,7 @@ import pytest
 
 from cases import Case, make_inputs
 from parity.measure.compare import rel_rms
-from references import chunked, gla, kda, oracle_names, oracle_run, simple_gla
+from references import chunked, gdn, gla, kda, oracle_names, oracle_run, simple_gla
 
 F64_AGREEMENT = 1e-12  # two float64 formulations of the same maths
 
@@ -107,7 +107,10 @@ FD_CASES = [
     Case("simple_gla", 1, 9, 2, 4, 3, gate="gamma_alibi", h0=True, ht=True, seqlens=(4, 1, 4)),
     Case("gla", 2, 7, 1, 4, 3, h0=True, ht=True),
     Case("kda", 1, 9, 2, 4, 3, h0=True, ht=True, seqlens=(5, 4)),
+    Case("kda", 2, 7, 1, 4, 3, h0=True, ht=True, HV=2),
+    Case("gdn", 1, 9, 1, 4, 3, h0=True, ht=True, seqlens=(5, 4), HV=2),
 ]
+MODULES = {"simple_gla": simple_gla, "gla": gla, "kda": kda, "gdn": gdn}
 
 
 @pytest.mark.parametrize("case", FD_CASES, ids=lambda c: c.id)
@@ -117,7 +120,7 @@ def test_every_gradient_matches_central_finite_differences(case):
 
     x = {n: a if n == "cu_seqlens" else f64(a) for n, a in make_inputs(case).items()}
     kw = _op_kwargs(case, x)
-    mod = {"simple_gla": simple_gla, "gla": gla, "kda": kda}[case.op]
+    mod = MODULES[case.op]
     grads = oracle_run(case, make_inputs(case))
 
     def loss(**over):
@@ -126,7 +129,7 @@ def test_every_gradient_matches_central_finite_differences(case):
 
     rng = np.random.default_rng(0)
     names = {"q": "dq", "k": "dk", "v": "dv", case.gate_name: "d" + case.gate_name, "initial_state": "dh0"}
-    if case.op == "kda":
+    if case.has_beta:
         names["beta"] = "dbeta"
     for arg, gname in names.items():
         D = rng.standard_normal(np.shape(kw[arg]))
@@ -139,20 +142,25 @@ def test_every_gradient_matches_central_finite_differences(case):
 FLA_NAIVE_AGREEMENT = 1e-5  # FLA's naive functions compute in float32 even when given float64
 
 
-@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda"])
-def test_conventions_agree_with_fla_naive_recurrences(op):
+@pytest.mark.parametrize("op, HV", [("simple_gla", None), ("gla", None), ("kda", None), ("kda", 4), ("gdn", None)])
+def test_conventions_agree_with_fla_naive_recurrences(op, HV):
     """FLA's naive torch recurrences cast to float32 inside, so agreement is float32-level
     (rel_rms around 1e-6), not float64: this checks conventions (scale, gate, beta, state
-    layout), not precision."""
+    layout, which q, k head a grouped value head reads), not precision."""
     import torch
+    from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
     from fla.ops.gla.naive import naive_recurrent_gla
     from fla.ops.kda.naive import naive_recurrent_kda
     from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
 
-    c = Case(op, 2, 50, 2, 16, 16, h0=True, ht=True, scale=None)
+    c = Case(op, 2, 50, 2, 16, 16, h0=True, ht=True, scale=None, HV=HV)
     x = make_inputs(c)
     t = {n: torch.from_numpy(np.asarray(a, np.float64)) for n, a in x.items()}
-    if op == "simple_gla":
+    if op == "gdn":  # beta before g
+        o2, ht2 = naive_recurrent_gated_delta_rule(
+            t["q"], t["k"], t["v"], t["beta"], t["g"], initial_state=t["initial_state"], output_final_state=True
+        )
+    elif op == "simple_gla":
         o2, ht2 = naive_recurrent_simple_gla(
             t["q"], t["k"], t["v"], t["g"], initial_state=t["initial_state"], output_final_state=True
         )
@@ -169,7 +177,7 @@ def test_conventions_agree_with_fla_naive_recurrences(op):
     assert e_o < FLA_NAIVE_AGREEMENT and e_ht < FLA_NAIVE_AGREEMENT, (e_o, e_ht)
 
 
-@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda"])
+@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda", "gdn"])
 def test_varlen_equals_each_sequence_alone(op):
     lens = (5, 1, 17, 9)
     packed = Case(op, 1, sum(lens), 2, 8, 4, seqlens=lens, h0=True, ht=True)
@@ -201,6 +209,11 @@ def test_oracle_does_not_enable_x64_process_wide():
 @pytest.mark.parametrize(
     "call, message",
     [
+        (
+            lambda x: kda.forward(x["q"], x["k"], x["v"][:, :, :1], x["g"][..., None].repeat(16, -1), x["g"]),
+            r"v must have shape \[B, T, HV, V\] = \[1, 16, HV, V\], HV a multiple of H = 2",
+        ),
+        (lambda x: gdn.forward(x["q"], x["k"], x["v"], x["g"][..., None], x["g"]), r"g must have shape \(1, 16, 2\)"),
         (lambda x: simple_gla.forward(x["q"][..., :8], x["k"], x["v"], g=x["g"]), "k must have the shape of q"),
         (lambda x: simple_gla.forward(x["q"], x["k"], x["v"][:, :5], g=x["g"]), r"v must have shape \[B, T, H, V\]"),
         (lambda x: simple_gla.forward(x["q"], x["k"], x["v"], g=x["g"], g_gamma=np.zeros(2)), "g or g_gamma, not both"),
@@ -277,6 +290,12 @@ CHUNKED_CASES = [
     Case("kda", 1, 50, 2, 8, 12, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(16, 1, 33)),
     Case("kda", 1, 1, 2, 8, 4, h0=True, ht=True, dtype="bfloat16"),
     Case("kda", 2, 40, 1, 32, 32, gate_params={"norm": 1}, h0=True, direction="fwd"),
+    Case("kda", 2, 37, 1, 16, 8, h0=True, ht=True, HV=3),
+    Case("kda", 1, 50, 2, 8, 12, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(16, 1, 33), HV=4),
+    Case("gdn", 2, 150, 2, 16, 8, h0=True, ht=True),
+    Case("gdn", 1, 90, 1, 8, 8, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(1, 70, 19), HV=2),
+    Case("gdn", 2, 70, 2, 8, 16, gate="g_stress", gate_params={"mag": 40}, ht=True, direction="fwd", HV=4),
+    Case("gdn", 1, 1, 2, 8, 4, h0=True, ht=True, dtype="bfloat16"),
 ]
 
 
@@ -315,3 +334,39 @@ def test_chunked_is_the_default_and_methods_are_checked():
     assert all(np.array_equal(a[n], b[n]) for n in a)
     with pytest.raises(ValueError, match="method must be one of"):
         oracle_run(c, x, method="scan")
+
+
+# ---------------------------------------------------------------- grouped value heads, gdn
+# Two second formulations: a case with HV = G * H value heads is the HV-head case on q, k
+# repeated G times per head (FLA's repeat_interleave; dq, dk summed over each group), and gdn
+# is kda with its per-head log-decay on every key channel (dg summed over K). Both sides by
+# the recurrence (the grouped one reads q, k through its grouped einsum, never a repeat).
+GROUPED_CASES = [
+    Case("kda", 2, 23, 2, 8, 4, h0=True, ht=True, HV=4),
+    Case("gdn", 1, 30, 1, 8, 4, h0=True, ht=True, seqlens=(11, 1, 18), HV=3, gate="g_stress"),
+]
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=lambda c: c.id)
+def test_grouped_value_heads_equal_repeated_q_and_k(case):
+    x = make_inputs(case)
+    got = oracle_run(case, x, method="recurrence")
+    flat = case.replace(H=case.value_heads, HV=None)
+    x_flat = {n: np.repeat(a, case.G, axis=2) if n in ("q", "k") else a for n, a in x.items()}
+    ref = oracle_run(flat, x_flat, method="recurrence")
+    for n in ("dq", "dk"):
+        ref[n] = ref[n].reshape(ref[n].shape[:2] + (case.H, case.G, case.K)).sum(3)
+    errs = {n: rel_rms(got[n], ref[n]) for n in oracle_names(case)}
+    assert max(errs.values()) < F64_AGREEMENT, errs
+
+
+@pytest.mark.parametrize("method", ["chunked", "recurrence"])
+def test_gdn_equals_kda_with_the_gate_broadcast(method):
+    case = Case("gdn", 1, 70, 1, 8, 4, h0=True, ht=True, HV=2, seqlens=(33, 37))
+    x = make_inputs(case)
+    got = oracle_run(case, x, method=method)
+    x_kda = dict(x, g=np.ascontiguousarray(np.broadcast_to(x["g"][..., None], x["g"].shape + (case.K,))))
+    ref = oracle_run(case.replace(op="kda"), x_kda, method=method)
+    ref["dg"] = ref["dg"].sum(-1)
+    errs = {n: rel_rms(got[n], ref[n]) for n in oracle_names(case)}
+    assert max(errs.values()) < F64_AGREEMENT, errs

@@ -9,6 +9,7 @@ from cases import Case, get_suite, make_inputs
 from parity.cli import main
 from parity.execute.backends.oracle import cache_path, cached_oracle
 from parity.execute.runner import shard
+from parity.records import SCHEMA_VERSION
 
 from .helpers import SMALL, run
 
@@ -38,7 +39,7 @@ def test_every_case_and_backend_gets_a_record(faulty_run):
     for c in cases:
         for b in ["oracle", *CANDIDATES]:
             rec = _rec(out, b, c)
-            assert rec["schema"] == 1 and rec["case_id"] == c.id and rec["input_hash"]
+            assert rec["schema"] == SCHEMA_VERSION and rec["case_id"] == c.id and rec["input_hash"]
 
 
 def test_failures_are_recorded_without_stopping_the_run(faulty_run):

@@ -9,7 +9,7 @@ import pytest
 from cases import Case, get_suite
 from parity.cli import main
 from parity.cli.compile import compile_suite
-from parity.execute import mosaic_llo, tpu_compile
+from parity.execute import compile_log, mosaic_llo, tpu_compile
 from parity.model import targets
 from tests.helpers import requires_libtpu
 
@@ -146,9 +146,11 @@ def test_kernels_that_ask_the_tpu_who_it_is_compile_for_the_target(target):
     r = tpu_compile.compile_case(tpu_candidates.sign_1d, FWD, target)
     assert r["ok"], r.get("error")
     assert "sign_1d" in r["kernels"] and r["default_device"] == f"tpu:{KINDS[target]} (compile-only)"
-    r = tpu_compile.compile_case(tpu_candidates.tpu_info_block, FWD, target)
+    with compile_log.optimisation(disabled=True):  # as in a test session or after an interpret-mode run
+        r = tpu_compile.compile_case(tpu_candidates.tpu_info_block, FWD, target)
     assert r["ok"] and "tpu_info_block" in r["kernels"], r.get("error")
     seen = tpu_candidates.SEEN[-1]
+    assert not seen["optimisations_off"]  # a TPU compile runs at the compiler's defaults, whatever is set outside
     assert seen["chip_version"] == {"v5e": "v5e", "v6e": "v6e", "tpu7x": "7x"}[target]
     assert seen["block"] == (128 if target == "v5e" else 256) and seen["is_tpu_device"]
     with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import pytest
 from jax._src.pallas.mosaic import tpu_info
 from jax.experimental.pallas import tpu as pltpu
 
 from cases import Case, make_inputs
 from parity.cli import main
-from parity.execute import tpu_identity
+from parity.execute import compile_log, tpu_identity
 from parity.execute.backends.jax_backends import JaxCandidate
 from parity.model.targets import TARGETS
 from parity.pytest_plugin.options import export_interpret_as
@@ -78,7 +79,9 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
     monkeypatch.delenv(tpu_identity.ENV, raising=False)
     inputs = make_inputs(CASE)
     for name in ("sign_1d", "tpu_info_block"):
-        ex = _candidate(name).run(CASE, inputs)
+        with compile_log.optimisation(disabled=False):  # XLA's defaults outside, as in `parity run`
+            ex = _candidate(name).run(CASE, inputs)
+            assert not jax.config.read("jax_disable_most_optimizations")  # left as it was
         assert ex.platform == "cpu:tpu-interpret"
         assert ex.notes["tpu_identity"] == {
             "emulated": "v5e",
@@ -86,7 +89,14 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
             "num_cores": 1,
             "source": "default",
         }
-    assert tpu_candidates.SEEN[-1] == {"chip_version": "v5e", "num_lanes": 128, "block": 128, "is_tpu_device": True}
+    assert tpu_candidates.SEEN[-1] == {
+        "chip_version": "v5e",
+        "num_lanes": 128,
+        "block": 128,
+        "is_tpu_device": True,
+        "optimisations_off": True,  # interpret mode compiles for compile time (compile_log.optimisation)
+    }
+    assert ex.notes["interpret_compile"] == compile_log.INTERPRET_EFFORT
     _cpu_answers()
     with tpu_identity.exported(("v6e", "--tpu-interpret-as")):
         ex = _candidate("tpu_info_block").run(CASE, inputs)
@@ -123,14 +133,38 @@ def test_parity_run_emulates_the_first_of_its_tpu_targets(tmp_path):
     assert compiled["targets"]["tpu7x"]["default_device"] == "tpu:TPU7x (compile-only)"
 
 
+@pytest.mark.parametrize("command", ["run", "mutants", "fuzz"])
 @pytest.mark.parametrize("value", ["v9", "TPU v5 lite", ""])
-def test_a_bad_tpu_interpret_as_is_one_line_naming_the_option_and_the_targets(value, tmp_path, capsys):
+def test_a_bad_tpu_interpret_as_is_one_line_naming_the_option_and_the_targets(command, value, tmp_path, capsys):
+    selection = ["--case", CASE.id] if command != "fuzz" else ["--time", "1"]
     with pytest.raises(SystemExit) as e:
-        main(["run", "--case", CASE.id, "--tpu-interpret-as", value, "--out", str(tmp_path / "o")])
+        main([command, *selection, "--tpu-interpret-as", value, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert "--tpu-interpret-as" in err and f"{value!r} is invalid: expected one of {list(TARGETS)}" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "command,runner,extra",
+    [
+        ("mutants", "parity.cli.mutants.run_mutants", ["--case", CASE.id]),
+        ("fuzz", "parity.cli.fuzz.run_fuzz", ["--backends", "oracle,fla"]),
+    ],
+)
+def test_mutants_and_fuzz_export_the_tpu_interpret_as_to_their_workers(command, runner, extra, monkeypatch, tmp_path):
+    """Their workers read the identity from the environment, set for the run and restored after."""
+    monkeypatch.delenv(tpu_identity.ENV, raising=False)
+    seen = []
+
+    def stand_in(*a, **kw):  # the run itself: what its workers would read, then stop (an internal error)
+        seen.append((os.environ.get(tpu_identity.ENV), os.environ.get(tpu_identity.SOURCE_ENV)))
+        raise RuntimeError("stand-in")
+
+    monkeypatch.setattr(runner, stand_in)
+    main([command, *extra, "--tpu-interpret-as", "tpu7x", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert seen == [("tpu7x", "--tpu-interpret-as")]
+    assert tpu_identity.ENV not in os.environ
 
 
 class _Config:

@@ -10,7 +10,8 @@ kernel of their own computed, so they pass where chunk_simple_gla passes:
                     get_tpu_info() for the default device while compiling
     tpu_info_block  reads pltpu.get_tpu_info() at trace time to choose its block (the MXU's
                     column size: 128 on v5e, 256 on v6e and TPU7x), as tpu-inference's GDN
-                    kernels read num_lanes; what it read is appended to SEEN
+                    kernels read num_lanes; what it read is appended to SEEN, with whether
+                    XLA's optimisations were off while it was traced (interpret mode: on)
 Dots the compiler keeps off the MXU (the TPU numerics model decides from the compile):
     rows_dot(n)     a Pallas kernel named f"rows_dot_{n}": x [M, K] against n rows y [n, K],
                     x @ y.T, float32 at DEFAULT precision. With n = 1 (a matrix times one
@@ -84,7 +85,13 @@ def tpu_info_block(q, k, v, **kw):
     info = pltpu.get_tpu_info()
     block = info.mxu_column_size
     seen = {"chip_version": str(info.chip_version), "num_lanes": info.num_lanes, "block": block}
-    SEEN.append({**seen, "is_tpu_device": pltpu.is_tpu_device()})
+    SEEN.append(
+        {
+            **seen,
+            "is_tpu_device": pltpu.is_tpu_device(),
+            "optimisations_off": jax.config.read("jax_disable_most_optimizations"),
+        }
+    )
     spec = pl.BlockSpec((8, block), lambda i: (0, i))
 
     def kernel(x_ref, o_ref):

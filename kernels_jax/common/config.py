@@ -25,9 +25,10 @@ def tile(d: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """H heads; K, V padded head dims (K_in, V_in the caller's); C chunk size; NT chunks;
+    """H heads of q, k; K, V padded head dims (K_in, V_in the caller's); C chunk size; NT chunks;
     N sequences (state rows); bk, bv the K and V tiles; scale; has_h0 whether an initial state
-    is given."""
+    is given; HV value heads (of v, o and the state; None: H), G = HV // H of them per q, k
+    head (kda, gdn: value head j reads q, k head j // G)."""
 
     H: int
     K: int
@@ -41,8 +42,13 @@ class KernelConfig:
     bv: int
     K_in: int
     V_in: int
+    HV: int | None = None
 
     def __post_init__(self):
+        if self.HV is None:
+            object.__setattr__(self, "HV", self.H)
+        if self.HV < 1 or self.HV % self.H:
+            raise ValueError(f"KernelConfig: HV = {self.HV} value heads is not a multiple of H = {self.H}")
         if self.C not in CHUNK_SIZES:
             raise ValueError(f"KernelConfig: C = {self.C} not in {CHUNK_SIZES}")
         for name, d, t in (("K", self.K, self.bk), ("V", self.V, self.bv)):
@@ -50,6 +56,11 @@ class KernelConfig:
                 raise ValueError(f"KernelConfig: tile {t} does not divide {name} = {d}")
         if self.K_in > self.K or self.V_in > self.V:
             raise ValueError(f"KernelConfig: padded dims {self.K}, {self.V} below the real {self.K_in}, {self.V_in}")
+
+    @property
+    def G(self) -> int:
+        """Value heads per q, k head."""
+        return self.HV // self.H
 
     @property
     def nk(self) -> int:
@@ -64,12 +75,12 @@ class KernelConfig:
         return self.NT * self.C
 
     def pad_state(self, h):
-        """h [N, H, K_in, V_in] -> [N, H, K, V] float32 (zero padding)."""
+        """h [N, HV, K_in, V_in] -> [N, HV, K, V] float32 (zero padding)."""
         h = h.astype(jnp.float32)
         return jnp.pad(h, ((0, 0), (0, 0), (0, self.K - self.K_in), (0, self.V - self.V_in)))
 
     def cut_state(self, h):
-        """h [N, H, K, V] -> [N, H, K_in, V_in]."""
+        """h [N, HV, K, V] -> [N, HV, K_in, V_in]."""
         return h[..., : self.K_in, : self.V_in]
 
 
@@ -93,5 +104,6 @@ def prepare(op: str, q, k, v, *, align: int, **arguments) -> tuple[ChunkLayout, 
         bv=tile(V),
         K_in=problem.K,
         V_in=problem.V,
+        HV=problem.HV,
     )
     return layout, cfg

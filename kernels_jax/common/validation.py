@@ -1,12 +1,14 @@
 """The one input contract of the kernels_jax ops, checked before anything is traced.
 
-Every op takes FLA's layout: q, k [B, T, H, K]; v [B, T, H, V]; initial_state [N, H, K, V]
-with N = B, or the number of packed sequences when cu_seqlens [N + 1] is given (B == 1).
-One rule set for all three ops (`validate`):
+Every op takes FLA's layout: q, k [B, T, H, K]; v [B, T, HV, V]; initial_state [N, HV, K, V]
+with N = B, or the number of packed sequences when cu_seqlens [N + 1] is given (B == 1); HV = H,
+except for the delta-rule ops (kda, gdn), where HV may be any multiple G * H (FLA's grouped value
+heads: value head j reads q, k head j // G). One rule set for all four ops (`validate`):
 
     q, k, v      rank 4, one float dtype; B, T, H >= 1
     gates        simple_gla: g [B, T, H] or g_gamma [H] or neither (not both);
-                 gla: g [B, T, H, K]; kda: g [B, T, H, K] and beta [B, T, H]
+                 gla: g [B, T, H, K]; kda: g [B, T, HV, K] and beta [B, T, HV];
+                 gdn: g [B, T, HV] and beta [B, T, HV]
                  log-decays (g, g_gamma) must be finite and <= 0 where their values are known
                  (a positive decay overflows exp inside a chunk: seed 001)
     scale        None (K ** -0.5) or a finite number > 0
@@ -31,7 +33,8 @@ import numpy as np
 
 from .mutation import active
 
-OPS = ("simple_gla", "gla", "kda")
+OPS = ("simple_gla", "gla", "kda", "gdn")
+DELTA_OPS = ("kda", "gdn")  # beta, and grouped value heads
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_K = 256
 MAX_V = 512
@@ -59,6 +62,7 @@ class Problem:
     N: int  # sequences (rows of the state): B, or len(cu_seqlens) - 1
     chunk_size: int
     scale: float
+    HV: int  # value heads (of v, o, g, beta, the state): H, or G * H for kda and gdn
 
 
 def check_supported(K: int, V: int, dtype=None, op: str = "kernels_jax") -> None:
@@ -141,9 +145,11 @@ def validate(
     if min(B, T, H, K) < 1:
         chk.fail("q", "have B, T, H, K >= 1", f"shape {tuple(q.shape)}")
     chk.array("k", k, shape=q.shape)
-    if tuple(v.shape[:3]) != (B, T, H) or v.shape[3] < 1:
-        chk.fail("v", f"have shape [B, T, H, V] = [{B}, {T}, {H}, V >= 1]", tuple(v.shape))
-    V = v.shape[3]
+    HV, V = v.shape[2], v.shape[3]
+    grouped = op in DELTA_OPS and HV >= 1 and HV % H == 0  # HV = G * H value heads
+    if tuple(v.shape[:2]) != (B, T) or V < 1 or not (HV == H or grouped):
+        also = ", or HV = G * H value heads in place of H" if op in DELTA_OPS else ""
+        chk.fail("v", f"have shape [B, T, H, V] = [{B}, {T}, {H}, V >= 1]{also}", tuple(v.shape))
     if not jnp.dtype(q.dtype) == jnp.dtype(k.dtype) == jnp.dtype(v.dtype):
         chk.fail("k and v", f"have q's dtype {q.dtype} (one dtype)", f"k {k.dtype}, v {v.dtype}")
     if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
@@ -158,15 +164,22 @@ def validate(
         if g_gamma is not None:
             chk.log_decay("g_gamma", g_gamma, (H,))
         chk.absent("beta", beta, "simple_gla has no beta")
-    elif op in ("gla", "kda"):
+    elif op in ("gla", "kda", "gdn"):
+        per_head = op == "gdn"
+        heads = "H" if op == "gla" else "HV"
+        shape, named = (
+            ((B, T, HV), f"per-head log-decay [B, T, {heads}]")
+            if per_head
+            else ((B, T, HV, K), f"per-channel log-decay [B, T, {heads}, K]")
+        )
         if g is None:
-            chk.fail("g", f"be given: {op} needs a per-channel log-decay [B, T, H, K]", None)
-        chk.log_decay("g", g, (B, T, H, K))
-        chk.absent("g_gamma", g_gamma, f"{op} gates per channel with g")
-        if op == "kda":
+            chk.fail("g", f"be given: {op} needs a {named}", None)
+        chk.log_decay("g", g, shape)
+        chk.absent("g_gamma", g_gamma, f"{op} gates with g")
+        if op in DELTA_OPS:
             if beta is None:
-                chk.fail("beta", "be given: kda needs beta [B, T, H]", None)
-            chk.floating("beta", beta, (B, T, H))
+                chk.fail("beta", f"be given: {op} needs beta [B, T, HV]", None)
+            chk.floating("beta", beta, (B, T, HV))
         else:
             chk.absent("beta", beta, "gla has no beta")
     else:
@@ -198,9 +211,9 @@ def validate(
                 chk.fail("cu_seqlens", f"rise from 0 to T = {T} without decreasing", cu.tolist())
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
-        chk.floating("initial_state", initial_state, (N, H, K, V))
+        chk.floating("initial_state", initial_state, (N, HV, K, V))
     check_supported(K, V, q.dtype, op)
     if scale is None:
         # mutation suite: the default scale taken from V instead of K
         scale = (V if active("scale_from_v") else K) ** -0.5
-    return Problem(op, B, T, H, K, V, N, int(chunk_size), float(scale))
+    return Problem(op, B, T, H, K, V, N, int(chunk_size), float(scale), HV)

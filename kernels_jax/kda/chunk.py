@@ -10,6 +10,9 @@ Chunked form, per chunk with chunk-start state S and G = chunk-local cumsum of g
     S_end = diag(exp(G_last)) S + (k exp(G_last - G))^T v_new            (recurrence kernel)
 Backward (jax.custom_vjp): recompute the forward factors and states, run the state gradient
 backwards over chunks, then every per-chunk gradient in parallel (kernels.py).
+Grouped value heads (HV = G * H): the kernels run per value head h and read q, k head h // G
+through their index maps; dq, dk are summed over each group here. GDN (kernels_jax/gdn) is this
+op with its per-head log-decay broadcast over K (`delta_rule("gdn", ...)`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def _forward(q, k, v, g, beta, h0, seq, first, last, cfg: KernelConfig, *, store
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
 def _kda_core(q, k, v, g, beta, h0, seq, first, last, cfg: KernelConfig):
-    """Packed layout (kernels.py). -> o [H, P, V] in q's dtype, ht [N, H, K, V] float32."""
+    """Packed layout (kernels.py). -> o [HV, P, V] in q's dtype, ht [N, HV, K, V] float32."""
     o, _, _, ht, _ = _forward(q, k, v, g, beta, h0, seq, first, last, cfg, store_states=False)
     return o, ht
 
@@ -58,6 +61,8 @@ def _kda_core_bwd(cfg, residuals, cotangents):
     do, dht = cotangents
     dvn, dh, dh0 = kernels.recurrence_bwd(q, k, g, W, A_qk, do, dht.astype(jnp.float32), tables, cfg)
     dq, dk, dv, dg, dbeta = kernels.chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, cfg)
+    # per value head [HV, P, K] -> per q, k head [H, P, K]: the sum over its G value heads
+    dq, dk = (x.reshape((cfg.H, cfg.G) + x.shape[1:]).sum(1) for x in (dq, dk))
     # g, beta and h0 are float32 in the packed layout (chunk_kda casts them)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dbeta, dh0, None, None, None
 
@@ -71,13 +76,21 @@ def chunk_kda(
 ):
     """Kimi Delta Attention, chunked (FLA's chunk_kda convention).
 
-    q, k [B, T, H, K] (L2-normalised by the caller), v [B, T, H, V]; g [B, T, H, K] per-channel
-    log-decay; beta [B, T, H]; initial_state [N, H, K, V] float32 (N = B, or the number of packed
-    sequences with cu_seqlens [N + 1] and B == 1). Returns (o [B, T, H, V] in q's dtype,
-    final_state [N, H, K, V] float32 or None).
+    q, k [B, T, H, K] (L2-normalised by the caller), v [B, T, HV, V] (HV = G * H: value head j
+    reads q, k head j // G); g [B, T, HV, K] per-channel log-decay; beta [B, T, HV];
+    initial_state [N, HV, K, V] float32 (N = B, or the number of packed sequences with
+    cu_seqlens [N + 1] and B == 1). Returns (o [B, T, HV, V] in q's dtype, final_state
+    [N, HV, K, V] float32 or None).
     """
+    return delta_rule("kda", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size)
+
+
+def delta_rule(op: str, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size):
+    """The gated delta rule by the KDA kernels, for op "kda" (g [B, T, HV, K] per channel) or
+    "gdn" (g [B, T, HV] per head, broadcast over K inside the program: dg is the sum over K).
+    -> (o, final_state or None)."""
     layout, cfg = prepare(
-        "kda",
+        op,
         q,
         k,
         v,
@@ -90,16 +103,22 @@ def chunk_kda(
         cu_seqlens=cu_seqlens,
         chunk_size=chunk_size,
     )
-    o, ht = _chunk_kda(q, k, v, g, beta, initial_state, layout, cfg)
+    o, ht = _chunk_delta_rule(q, k, v, g, beta, initial_state, layout, cfg, op == "gdn")
     return o, (ht if output_final_state else None)
 
 
-@functools.partial(jax.jit, static_argnums=(7,))
-def _chunk_kda(q, k, v, g, beta, initial_state, layout: ChunkLayout, cfg: KernelConfig):
-    """The stages as one program: pack (K, V padded; g, beta in float32), the kernels, unpack."""
+@functools.partial(jax.jit, static_argnums=(7, 8))
+def _chunk_delta_rule(q, k, v, g, beta, initial_state, layout: ChunkLayout, cfg: KernelConfig, per_head: bool):
+    """The stages as one program: pack (K, V padded; g, beta in float32; a per-head g broadcast
+    over K), the kernels, unpack."""
     qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
-    gp = layout.pack(g.astype(jnp.float32), cfg.K)
+    g = g.astype(jnp.float32)
+    if per_head:
+        g = jnp.broadcast_to(g[..., None], g.shape + (cfg.K_in,))
+    gp = layout.pack(g, cfg.K)
     betap = layout.pack(beta.astype(jnp.float32)[..., None])
-    h0 = jnp.zeros((cfg.N, cfg.H, cfg.K, cfg.V), jnp.float32) if initial_state is None else cfg.pad_state(initial_state)
+    h0 = (
+        jnp.zeros((cfg.N, cfg.HV, cfg.K, cfg.V), jnp.float32) if initial_state is None else cfg.pad_state(initial_state)
+    )
     o, ht = _kda_core(qp, kp, vp, gp, betap, h0, *layout.tables(), cfg)
     return layout.unpack(o, cfg.V_in), cfg.cut_state(ht)

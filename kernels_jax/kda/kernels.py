@@ -2,15 +2,17 @@
 
 Layout (built by chunk.py): every sequence starts on a chunk boundary and is zero-padded to
 whole chunks; tokens are flattened to P = NT * C rows per head:
-    q, k, g, W [H, P, K]; v, U, o, vn [H, P, V]; beta [H, P, 1]; A_qk [H, P, C]
-    states S [K, V] as in every op: h, dh [H, NT, K, V]; h0, ht, dht, dh0 [N, H, K, V]
+    q, k [H, P, K]; g, W [HV, P, K]; v, U, o, vn [HV, P, V]; beta [HV, P, 1]; A_qk [HV, P, C]
+    states S [K, V] as in every op: h, dh [HV, NT, K, V]; h0, ht, dht, dh0 [N, HV, K, V]
+Grids run over the HV value heads; value head h reads q, k head h // G (HV = G * H, FLA's
+grouped value heads) through the index maps of q and k, never a repeated copy.
     tables (seq, first, last) int32 [NT] each (common/layout.py): scalar prefetch.
 Padded rows have q = k = v = g = beta = 0, so they leave the state unchanged.
 
-    intra            (H, NT) parallel       W, U, A_qk per chunk (WY factors, triangular solve)
-    recurrence_fwd   (H, NV, NT) sequential o, v_new = U - W S, chunk-start states h, final states
-    recurrence_bwd   (H, NV, NT) reversed   dv_new, chunk-end state gradients dh, dh0
-    chunk_grads      (H, NT) parallel       dq, dk, dv, dg, dbeta from h, dh, v_new, dv_new
+    intra            (HV, NT) parallel       W, U, A_qk per chunk (WY factors, triangular solve)
+    recurrence_fwd   (HV, NV, NT) sequential o, v_new = U - W S, chunk-start states h, final states
+    recurrence_bwd   (HV, NV, NT) reversed   dv_new, chunk-end state gradients dh, dh0
+    chunk_grads      (HV, NT) parallel       dq, dk (per value head), dv, dg, dbeta from h, dh, v_new, dv_new
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ def _f32(ref):
     return ref[...].astype(F32)
 
 
+def _qk_rows(cfg: KernelConfig, chunk=None):
+    """BlockSpec of a q or k chunk [C, K] for value head h: the rows of q, k head h // G. Grid
+    (h, c); or, given chunk (grid c -> chunk), the recurrences' (h, iv, c, seq, first, last).
+    h >= 0, so h // G is lax.div's truncation: Python's // on a traced int is a floor division,
+    lowered through sign, whose Mosaic rule asks get_tpu_info() for the default device."""
+    C, K, G = cfg.C, cfg.K, cfg.G
+    head = (lambda h: h) if G == 1 else (lambda h: jax.lax.div(h, G))
+    if chunk is None:
+        return pl.BlockSpec((None, C, K), lambda h, c: (head(h), c, 0))
+    return pl.BlockSpec((None, C, K), lambda h, iv, c, seq, first, last: (head(h), chunk(c), 0))
+
+
 # ---------------------------------------------------------------- intra-chunk (WY) kernel
 def _intra_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, W_ref, U_ref, Aqk_ref):
     q, k, v, g, beta = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...], beta_ref[...]
@@ -57,13 +71,14 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, W_ref, U_ref, Aqk_ref):
 
 
 def intra(q, k, v, g, beta, cfg: KernelConfig):
-    """q, k, g [H, P, K], v [H, P, V], beta [H, P, 1] -> W [H, P, K], U [H, P, V], A_qk [H, P, C]."""
-    H, K, V, C, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.slots
+    """q, k [H, P, K], g [HV, P, K], v [HV, P, V], beta [HV, P, 1] -> W [HV, P, K], U [HV, P, V],
+    A_qk [HV, P, C]."""
+    H, K, V, C, P = cfg.HV, cfg.K, cfg.V, cfg.C, cfg.slots
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h, c: (h, c, 0))
     return pl.pallas_call(
         _intra_kernel,
         grid=(H, P // C),
-        in_specs=[rows(K), rows(K), rows(V), rows(K), rows(1)],
+        in_specs=[_qk_rows(cfg), _qk_rows(cfg), rows(V), rows(K), rows(1)],
         out_specs=[rows(K), rows(V), rows(C)],
         out_shape=[
             jax.ShapeDtypeStruct((H, P, K), F32),
@@ -121,8 +136,9 @@ def _recurrence_fwd_kernel(
 
 
 def recurrence_fwd(q, k, g, W, U, A_qk, h0, tables, cfg: KernelConfig, *, out_dtype, store_states: bool):
-    """-> o [H, P, V] (out_dtype), v_new [H, P, V], h [H, NT, K, V] (if store_states), ht [N, H, K, V]."""
-    H, K, V, C, N, NT, BV, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.N, cfg.NT, cfg.bv, cfg.slots
+    """-> o [HV, P, V] (out_dtype), v_new [HV, P, V], h [HV, NT, K, V] (if store_states), ht [N, HV, K, V]."""
+    H, K, V, C, N, NT, BV, P = cfg.HV, cfg.K, cfg.V, cfg.C, cfg.N, cfg.NT, cfg.bv, cfg.slots
+    same = lambda c: c  # noqa: E731 chunks in order
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h, iv, c, seq, first, last: (h, c, 0))
     vrows = pl.BlockSpec((None, C, BV), lambda h, iv, c, seq, first, last: (h, c, iv))
     per_seq = pl.BlockSpec((None, None, K, BV), lambda h, iv, c, seq, first, last: (seq[c], h, 0, iv))
@@ -136,7 +152,7 @@ def recurrence_fwd(q, k, g, W, U, A_qk, h0, tables, cfg: KernelConfig, *, out_dt
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
         grid=(H, V // BV, NT),
-        in_specs=[rows(K), rows(K), rows(K), rows(K), vrows, rows(C), per_seq],
+        in_specs=[_qk_rows(cfg, same), _qk_rows(cfg, same), rows(K), rows(K), vrows, rows(C), per_seq],
         out_specs=out_specs,
         scratch_shapes=[pltpu.VMEM((K, BV), F32)],
     )
@@ -193,8 +209,8 @@ def _recurrence_bwd_kernel(
 
 
 def recurrence_bwd(q, k, g, W, A_qk, do, dht, tables, cfg: KernelConfig):
-    """-> dv_new [H, P, V], dh [H, NT, K, V] (gradient of each chunk-end state), dh0 [N, H, K, V]."""
-    H, K, V, C, N, NT, BV, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.N, cfg.NT, cfg.bv, cfg.slots
+    """-> dv_new [HV, P, V], dh [HV, NT, K, V] (gradient of each chunk-end state), dh0 [N, HV, K, V]."""
+    H, K, V, C, N, NT, BV, P = cfg.HV, cfg.K, cfg.V, cfg.C, cfg.N, cfg.NT, cfg.bv, cfg.slots
     rev = lambda c: NT - 1 - c
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h, iv, c, seq, first, last: (h, rev(c), 0))
     vrows = pl.BlockSpec((None, C, BV), lambda h, iv, c, seq, first, last: (h, rev(c), iv))
@@ -203,7 +219,7 @@ def recurrence_bwd(q, k, g, W, A_qk, do, dht, tables, cfg: KernelConfig):
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=3,
         grid=(H, V // BV, NT),
-        in_specs=[rows(K), rows(K), rows(K), rows(K), rows(C), vrows, per_seq],
+        in_specs=[_qk_rows(cfg, rev), _qk_rows(cfg, rev), rows(K), rows(K), rows(C), vrows, per_seq],
         out_specs=[vrows, per_chunk, per_seq],
         scratch_shapes=[pltpu.VMEM((K, BV), F32)],
     )
@@ -289,15 +305,16 @@ def _chunk_grads_kernel(
 
 
 def chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, cfg: KernelConfig):
-    """-> dq, dk, dg [H, P, K], dv [H, P, V], dbeta [H, P, 1], all float32."""
-    H, K, V, C, P = cfg.H, cfg.K, cfg.V, cfg.C, cfg.slots
+    """-> dq, dk (each value head's share: chunk.py sums a group's), dg [HV, P, K], dv [HV, P, V],
+    dbeta [HV, P, 1], all float32."""
+    H, K, V, C, P = cfg.HV, cfg.K, cfg.V, cfg.C, cfg.slots
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h_, c: (h_, c, 0))
     state = pl.BlockSpec((None, None, K, V), lambda h_, c: (h_, c, 0, 0))
     shape = lambda d: jax.ShapeDtypeStruct((H, P, d), F32)
     return pl.pallas_call(
         functools.partial(_chunk_grads_kernel, scale=cfg.scale),
         grid=(H, P // C),
-        in_specs=[rows(K), rows(K), rows(V), rows(K), rows(1), state, state, rows(V), rows(V), rows(V)],
+        in_specs=[_qk_rows(cfg), _qk_rows(cfg), rows(V), rows(K), rows(1), state, state, rows(V), rows(V), rows(V)],
         out_specs=[rows(K), rows(K), rows(V), rows(K), rows(1)],
         out_shape=[shape(K), shape(K), shape(V), shape(K), shape(1)],
         compiler_params=params("parallel", "parallel"),

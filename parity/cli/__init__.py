@@ -3,10 +3,12 @@
     parity cases     --suite NAME | --cases FILE [--op OP] [--json]
     parity run       --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends oracle,fla,pallas]
                      [--candidate NAME=FRAMEWORK:MODULE:FUNCTION ...] [--out DIR] [-j N] [--shard I/N]
-                     [--timeout S] [--bound-factor F] [--no-html]
+                     [--timeout S] [--bound-factor F] [--seeds MIN:MAX] [--allow-inconclusive] [--no-html]
     parity compile   --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends pallas,pallas-fused]
                      [--candidate SPEC ...] [--tpu-targets v5e,v6e,tpu7x] [--out DIR] [-j N]
     parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE] [--allow-mixed-numerics]
+                     [--allow-inconclusive]
+    parity power     DIR [DIR ...] [--reps N] [--bound-factor F] [--seeds MIN:MAX] [--out DIR]
     parity calibrate DIR [DIR ...] [--write]
     parity mutants   [--suite ci] [--only NAME] [--out DIR] [-j N] [--list]
     parity report    DIR [DIR ...] -o FILE.html
@@ -40,13 +42,13 @@ import traceback
 from pathlib import Path
 
 from cases import CaseError
-from parity.cli import calibrate, cases, compile, diff, fuzz, gate, mutants, report, repro, run
+from parity.cli import calibrate, cases, compile, diff, fuzz, gate, mutants, power, report, repro, run
 from parity.cli.common import UsageError
 from parity.execute.backends import SpecError
 from parity.judge.gate import GateRefusal
 from parity.records import RecordError
 
-COMMANDS = (cases, run, compile, mutants, fuzz, gate, calibrate, report, repro, diff)  # in `parity --help` order
+COMMANDS = (cases, run, compile, mutants, fuzz, gate, power, calibrate, report, repro, diff)  # in `parity --help` order
 
 
 class Parser(argparse.ArgumentParser):

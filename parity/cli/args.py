@@ -78,6 +78,18 @@ def shard(s: str) -> tuple[int, int]:
     return i, n
 
 
+def seeds(s: str) -> tuple[int, int]:
+    """parity run --seeds MIN:MAX (or N for N:N): input seeds per case, 1 <= MIN <= MAX."""
+    allowed = "MIN:MAX or N, ints with 1 <= MIN <= MAX, e.g. 3:8"
+    try:
+        lo, hi = (int(x) for x in (s.split(":") if ":" in s else (s, s)))
+    except ValueError:
+        _refuse(s, allowed)
+    if not 1 <= lo <= hi:
+        _refuse(s, allowed)
+    return lo, hi
+
+
 def backend_list(s: str) -> list[str]:
     """Comma-separated backend names: none empty, at least one."""
     items = [x.strip() for x in s.split(",")]

@@ -11,8 +11,9 @@ from pathlib import Path
 from cases import OPS
 from cases.strategies import Space
 from parity.cli import args as check
-from parity.cli.common import UsageError, prepare_out
+from parity.cli.common import UsageError, interpret_as_option, prepare_out
 from parity.execute.backends import BUILTIN, SpecError, check_specs_isolated
+from parity.execute.tpu_identity import choose, exported
 from parity.fuzz import (
     DEFAULT_VARIANT_SHARE,
     DEFAULT_VARIANTS,
@@ -110,6 +111,7 @@ def add_parser(sub) -> None:
         choices=["", "tpu-mxu-v1", "float32"],
         help="how jax candidates' dots compute off a TPU, as for parity run (default tpu-mxu-v1)",
     )
+    interpret_as_option(sp)
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_fuzz)
 
@@ -184,7 +186,8 @@ def cmd_fuzz(a) -> int:
         + f" with backends {','.join(specs)} -> {out}",
         file=sys.stderr,
     )
-    summary = run_fuzz(cfg)
+    with exported(choose(a.tpu_interpret_as, ())):  # the search's workers read it (default v5e)
+        summary = run_fuzz(cfg)
     if summary.get("page"):
         print(f"report: {Path(summary['page']).resolve()}", file=sys.stderr)
     print(format_summary(summary))

@@ -26,6 +26,12 @@ def add_parser(sub) -> None:
         action="store_true",
         help="merge a candidate's records computed under different numerics models",
     )
+    sp.add_argument(
+        "--allow-inconclusive",
+        action="store_true",
+        help="pass a tensor whose bound stays undecided over the seeds its records hold (listed apart); "
+        "by default it fails",
+    )
     sp.set_defaults(fn=cmd_gate)
 
 
@@ -37,6 +43,7 @@ def cmd_gate(a) -> int:
             Path(a.out) if a.out else None,
             allow_partial=a.allow_partial,
             allow_mixed_numerics=a.allow_mixed_numerics,
+            allow_inconclusive=a.allow_inconclusive,
         )
     except GateRefusal as e:
         print(f"parity gate: refused: {e}", file=sys.stderr)

@@ -23,6 +23,7 @@ from cases import Case
 from parity.cli import args as check
 from parity.cli.common import (
     UsageError,
+    interpret_as_option,
     prepare_out,
     select_cases,
     selection_options,
@@ -31,8 +32,10 @@ from parity.cli.common import (
     write_report,
 )
 from parity.execute.runner import RunConfig, Schedule, run_cases
+from parity.execute.tpu_identity import choose, exported
 from parity.judge.gate import GateRefusal, evaluate, load_checked
 from parity.measure.compare import describe_localisation
+from parity.model.host import tpu_attached
 from parity.model.spec import MUTANT_PREFIX, REFERENCE
 from parity.mutants import BY_NAME, CATALOGUE, Mutant, catalogue_json
 from parity.mutants.order import case_order, cost
@@ -59,6 +62,7 @@ def add_parser(sub) -> None:
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
     tpu_options(sp)
+    interpret_as_option(sp)
     sp.set_defaults(fn=cmd_mutants)
 
 
@@ -81,17 +85,18 @@ def cmd_mutants(a) -> int:
         + ("every mutant on every case of its op" if a.all_cases else "each mutant stops at its first catch"),
         file=sys.stderr,
     )
-    result = run_mutants(
-        cases,
-        out,
-        jobs=a.jobs,
-        timeout_s=a.timeout,
-        factor=a.bound_factor,
-        names=a.only,
-        progress=not a.no_progress,
-        tpu_targets=targets,
-        all_cases=a.all_cases,
-    )
+    with exported(None if tpu_attached() else choose(a.tpu_interpret_as, targets)):  # workers read it
+        result = run_mutants(
+            cases,
+            out,
+            jobs=a.jobs,
+            timeout_s=a.timeout,
+            factor=a.bound_factor,
+            names=a.only,
+            progress=not a.no_progress,
+            tpu_targets=targets,
+            all_cases=a.all_cases,
+        )
     if result.get("interrupted"):
         print(
             f"parity mutants: interrupted by {result['interrupted']}: not scored; "

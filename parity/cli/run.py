@@ -23,6 +23,7 @@ from parity.execute.backends.jax_backends import PallasBackend
 from parity.execute.runner import RunConfig, run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
 from parity.judge.gate import GateRefusal, format_summary, run_gate
+from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.host import tpu_attached
 from parity.records import RecordError
 
@@ -52,7 +53,22 @@ def add_parser(sub) -> None:
         help="seconds a worker may spend on one backend of a case (its import included) before it is killed",
     )
     sp.add_argument(
-        "--bound-factor", type=check.bound_factor, default=1.0, help="eps_candidate <= F * eps_reference + floor"
+        "--bound-factor",
+        type=check.bound_factor,
+        default=1.0,
+        help="compute error of the candidate <= F x the reference's (parity.measure.compute_error)",
+    )
+    sp.add_argument(
+        "--seeds",
+        type=check.seeds,
+        default=(SEEDS_MIN, SEEDS_MAX),
+        help=f"input seeds per case, MIN:MAX (default {SEEDS_MIN}:{SEEDS_MAX}): the case's own seed, then seeds "
+        "derived from it while the bound is undecided (fewer than MIN only when far from the bound)",
+    )
+    sp.add_argument(
+        "--allow-inconclusive",
+        action="store_true",
+        help="the run's own gate passes a tensor whose bound stays undecided at MAX seeds (listed apart)",
     )
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true")
@@ -100,6 +116,7 @@ def cmd_run(a) -> int:
                 progress=not a.no_progress,
                 tpu_targets=targets,
                 numerics=a.tpu_numerics,
+                seeds=a.seeds,
             ),
         )
     _print_table(summary)
@@ -113,7 +130,7 @@ def cmd_run(a) -> int:
         return 130 if summary["interrupted"] == "SIGINT" else 143
     if {"reference", "candidate"} <= {s.side for s in specs}:
         try:
-            result = run_gate([out], a.bound_factor)
+            result = run_gate([out], a.bound_factor, allow_inconclusive=a.allow_inconclusive)
             print(format_summary(result))
             rc = 0 if result["ok"] else 1
         except GateRefusal as e:

@@ -16,29 +16,40 @@ from pathlib import Path
 
 import numpy as np
 
-from cases import Case, input_hash, make_inputs
+from cases import Case, input_hash, make_inputs, seed_at
 from parity.execute import tpu_identity
 from parity.execute.backends import BackendResult, as_spec, execute, make_backend
 from parity.execute.backends.oracle import cached_oracle
 from parity.execute.tpu_compile import compile_for_targets
 from parity.measure import tpu_numerics
-from parity.measure.compare import compare_tensor
+from parity.measure.compare import bound, compare_tensor
 from parity.records import UNJUDGED, ResultRecord, base_record, result_path, worst_verdict, write_record
 from references import error_scales
 
 
 # ------------------------------------------------------------------ records
-def _tensor_records(case, result, oracle, scales) -> dict:
+def _tensor_records(case, result, oracle, scales, input_hash=None) -> dict:
+    """Tensor name -> compare_tensor's record, its blocks moved into "seeds": one entry, the
+    figures of this case's seed (run_case appends those of further seeds)."""
     recs = {}
     for name in case.output_names():
         if name in result.tensors:
-            recs[name] = compare_tensor(case, name, result.tensors[name], oracle[name], scales.get(name))
+            t = compare_tensor(case, name, result.tensors[name], oracle[name], scales.get(name))
+            t["seeds"] = [_seed_entry(case.seed, input_hash, t)]
+            recs[name] = t
         elif name in result.notes.get("not_judged", {}):
             recs[name] = {"verdict": "not-judged", "reason": result.notes["not_judged"][name]}
         else:
             reason = result.notes.get("unsupported_tensors", {}).get(name, "not returned")
             recs[name] = {"verdict": "unsupported", "reason": reason}
     return recs
+
+
+def _seed_entry(seed: int, input_hash, t: dict) -> dict:
+    """What the bound uses of one seed of a tensor (compare_tensor's record t; its blocks taken out)."""
+    blocks = t.pop("blocks")
+    keep = ("rel_rms", "floor_rel", "max_abs", "nan", "inf", "verdict")
+    return {"seed": seed, "input_hash": input_hash, **{k: t[k] for k in keep}, **blocks}
 
 
 def _oracle_tensor_stats(tensors) -> dict:
@@ -58,6 +69,7 @@ def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> Resu
     """The result record of `result` (spec: the BackendSpec, or its text, it ran as); `oracle`
     the oracle's tensors, `scales` its error scales (references.error_scales)."""
     rec = base_record(case, spec, result.backend, result.side, input_hash, run_id)
+    rec["seeds"] = [{"seed": case.seed, "input_hash": input_hash}]
     rec.update(
         status=result.status,
         platform=result.platform,
@@ -75,7 +87,7 @@ def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> Resu
         rec["tensors"] = _oracle_tensor_stats(result.tensors)
         rec["verdict"] = "pass"
     else:
-        rec["tensors"] = _tensor_records(case, result, oracle, scales or {})
+        rec["tensors"] = _tensor_records(case, result, oracle, scales or {}, input_hash)
         tv = [t["verdict"] for t in rec["tensors"].values()]
         judged = [v for v in tv if v not in UNJUDGED]
         rec["verdict"] = worst_verdict(judged) if judged else "unsupported"
@@ -178,11 +190,14 @@ def run_case(
     on_done=lambda line: None,
     on_inputs=lambda h: None,
     tpu_targets: tuple[str, ...] = (),
+    seeds: tuple[int, int] = (1, 1),
 ) -> tuple[list[dict], dict, list[dict]]:
     """Run one case through the backends in `todo` (BackendSpecs or their texts, oracle first;
     `backends` maps each to its backend), write a record per backend, compile each jax candidate
     for `tpu_targets`, and return (records, timing, compile records). Used by worker processes
-    and the pytest plugin."""
+    and the pytest plugin. seeds = (min, max): after the case's own seed, further input seeds
+    (cases.seed_at) run through every backend but the oracle while `wants_seed` says so, their
+    figures appended to each tensor's "seeds" (parity.measure.compute_error)."""
     t_case = time.perf_counter()
     inputs = make_inputs(case)
     h = input_hash(inputs)
@@ -236,11 +251,85 @@ def run_case(
             rec = _record(case, spec, result, oracle, h, run_id, scales)
         if compile_error:
             rec["notes"]["compile_check_error"] = compile_error
+        rec["seed_policy"] = {"min": seeds[0], "max": seeds[1]}
         rec = write_record(result_path(Path(out_dir), name, case.id), rec)
         records.append(rec)
         on_done(_summary_line(rec))
-    return (
-        records,
-        {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall, "compile_s": compile_wall},
-        compiles,
-    )
+    t_seeds = time.perf_counter()
+    for k in range(1, seeds[1]):
+        if not wants_seed(records, k, *seeds):
+            break
+        backend_wall += _run_seed(case.replace(seed=seed_at(case.seed, k)), todo, backends, records, out_dir, compiles)
+    timing = {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall, "compile_s": compile_wall}
+    timing["seeds_s"] = time.perf_counter() - t_seeds
+    return records, timing, compiles
+
+
+def _pairs(records: list[dict]) -> list[tuple[dict, dict]]:
+    """(candidate, reference) records of a case that both ran."""
+    refs = [r for r in records if r["side"] == "reference" and r["status"] == "ok"]
+    return [(c, r) for c in records if c["side"] == "candidate" and c["status"] == "ok" for r in refs]
+
+
+def wants_seed(records: list[dict], k: int, seeds_min: int, seeds_max: int) -> bool:
+    """Whether seed k (0-based) should run: the bound of some tensor of a candidate still passing
+    asks for more (compute_error.verdict_after at factor 1: below seeds_min only far from the bound
+    decides; undecided goes on up to seeds_max); with no reference and candidate side by side in
+    this run (each side on its own machine), seeds_min."""
+    pairs = _pairs(records)
+    ran = [r for r in records if r["side"] != "oracle" and r["status"] == "ok"]
+    if not pairs:
+        return bool(ran) and k < seeds_min
+    for cand, ref in pairs:
+        if cand["verdict"] not in ("pass", "unsupported"):
+            continue  # already failed: more seeds cannot change that
+        for name, ct in cand["tensors"].items():
+            rt = ref["tensors"].get(name)
+            if ct["verdict"] != "pass" or not rt or rt.get("rel_rms") is None:
+                continue
+            j = bound(ct, rt, 1.0, seeds_min, seeds_max).get("compute")
+            if j and j["state"] == "more":
+                return True
+    return False
+
+
+def _run_seed(
+    case: Case, todo: list, backends: dict, records: list[dict], out_dir: Path, compiles: list[dict] = ()
+) -> float:
+    """Run `case` (a further seed of the case of `records`) through every backend but the oracle whose
+    record is ok (a jax candidate under its compile's numerics decision, from `compiles`, as on the
+    first seed), append each tensor's figures to its "seeds" and rewrite the record; a backend that
+    fails on this seed takes that status. Returns the seconds spent in backends."""
+    compiled = {c["backend"]: c for c in compiles}
+    inputs = make_inputs(case)
+    h = input_hash(inputs)
+    full = cached_oracle(case, inputs)[0]
+    oracle, scales = {n: full[n] for n in case.output_names()}, error_scales(full)
+    wall = 0.0
+    for i, item in enumerate(todo):
+        spec, rec = as_spec(item), records[i]
+        if spec.side == "oracle" or rec["status"] != "ok" or isinstance(backends[item], Exception):
+            continue
+        with _numerics_decided(compiled.get(spec.name)):
+            result = execute(backends[item], case, inputs)
+        wall += result.wall_time_s or 0.0
+        rec["seeds"].append({"seed": case.seed, "input_hash": h})
+        if result.status != "ok":
+            rec.update(
+                status=result.status,
+                verdict=result.status,
+                error=f"on input seed {case.seed} (further seed {len(rec['seeds']) - 1}): {result.error}",
+            )
+        else:
+            for name, t in _tensor_records(case, result, oracle, scales, h).items():
+                old = rec["tensors"].get(name)
+                if old is None or old["verdict"] in UNJUDGED or t["verdict"] in UNJUDGED:
+                    continue
+                old["seeds"] += t["seeds"]
+                if t["verdict"] != "pass" and old["verdict"] == "pass":  # a later seed's tolerance or NaN
+                    old["verdict"] = t["verdict"]
+                    old["localisation"] = {**t.get("localisation", {}), "seed": case.seed}
+            tv = [t["verdict"] for t in rec["tensors"].values() if t["verdict"] not in UNJUDGED]
+            rec["verdict"] = worst_verdict(tv) if tv else rec["verdict"]
+        records[i] = write_record(result_path(Path(out_dir), spec.name, rec["case_id"]), rec)
+    return wall

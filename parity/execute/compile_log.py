@@ -1,9 +1,22 @@
-"""XLA compilations in this process, per case: every jitted program's backend compile, from jax's
-monitoring events (BACKEND_COMPILE_EVENT), counted once a jax backend has run (`install`, called
-before a jax kernel is) and read and reset per case (`take`). A worker reports them with each case,
-so a search can see whether a repeated shape class reused its compiled programs."""
+"""XLA compilations in this process: how many, and how hard the compiler works on them.
+
+Counting, per case: every jitted program's backend compile, from jax's monitoring events
+(BACKEND_COMPILE_EVENT), counted once a jax backend has run (`install`, called before a jax kernel
+is) and read and reset per case (`take`). A worker reports them with each case, so a search can see
+whether a repeated shape class reused its compiled programs.
+
+Effort (`optimisation`): a kernel run in TPU interpret mode is an XLA:CPU program compiled for one
+run; at XLA's default optimisation its compile is nearly all of the run (gla fwd+bwd at T=100:
+about 50 s of compile for 0.4 s of execution). Interpret mode compiles with most optimisations
+off (jax_disable_most_optimizations: XLA's backend optimisation level 0), about half the compile
+time for a third more execution time. The results move by an ulp or so in elementwise float32
+code (no reassociation either way; LLVM's contraction of multiply-adds differs), which emulates
+the TPU's vector unit no more and no less faithfully. The MXU model is unchanged: its passes'
+products are exact in float32. TPU compiles always run at the compiler's defaults."""
 
 from __future__ import annotations
+
+import contextlib
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event name
 
@@ -35,3 +48,21 @@ def take() -> dict:
     out = {"xla_compiles": _state["compiles"], "xla_compile_s": _state["seconds"], "xla_programs": _state["programs"]}
     _state.update(compiles=0, seconds=0.0, programs=[])
     return out
+
+
+INTERPRET_EFFORT = "XLA:CPU with most optimisations off (backend optimisation level 0)"
+
+
+@contextlib.contextmanager
+def optimisation(disabled: bool):
+    """Compiles inside: with most of XLA's optimisations off (`disabled`) or at its defaults;
+    the setting before is restored on the way out. Programs stay compiled as they were: a jitted
+    function reuses its executable whatever the setting when it is called again."""
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", disabled)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)

@@ -42,6 +42,7 @@ from cases import Case
 from parity.execute.backends import as_spec, parse_specs
 from parity.execute.backends.oracle import cache_dir
 from parity.execute.worker import _Worker
+from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.measure.tpu_numerics import ENV, check_model
 from parity.records import SCHEMA_VERSION, encode_nonfinite, write_json
 from parity.records.manifest import write_manifest
@@ -61,10 +62,14 @@ class RunConfig:
     progress: bool = True
     tpu_targets: tuple[str, ...] = ()  # compile every jax candidate for these (parity.execute.tpu_compile)
     numerics: str = ""  # TPU numerics model of the jax candidates ("" = default)
+    seeds: tuple[int, int] = (SEEDS_MIN, SEEDS_MAX)  # input seeds per case, (min, max): parity.execute.case.run_case
 
     def __post_init__(self):
         if not (isinstance(self.jobs, int) and self.jobs >= 1):
             raise ValueError(f"jobs={self.jobs!r}: expected an int >= 1")
+        lo, hi = self.seeds
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ValueError(f"seeds={self.seeds!r}: expected (min, max) ints with 1 <= min <= max")
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"timeout_s={self.timeout_s!r}: expected a finite number of seconds > 0")
 
@@ -217,7 +222,7 @@ def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Call
     old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
 
     def spawn() -> _Worker:
-        w = _Worker(ctx, out_dir, run_id, tuple(cfg.tpu_targets))
+        w = _Worker(ctx, out_dir, run_id, tuple(cfg.tpu_targets), cfg.seeds)
         pids.add(w.proc.pid)
         return w
 
@@ -314,6 +319,7 @@ def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Call
         "units": plan.planned,
         "wall_time_s": wall,
         "tpu_targets": list(cfg.tpu_targets),
+        "seeds": list(cfg.seeds),
         "interrupted": interrupted,
         "timing": _timing_summary(lines, timings, wall),
         "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),

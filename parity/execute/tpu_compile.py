@@ -57,7 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case, input_shapes, storage_dtype
-from parity.execute import tpu_identity
+from parity.execute import compile_log, tpu_identity
 from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
 from parity.execute.mosaic_llo import (
     LloFormatError,
@@ -168,7 +168,7 @@ def compile_program(
         out["device_kind"] = dev.device_kind
         program, args = program_and_args(jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
-        with context(), compile_for_tpu(), jax.default_device(dev):
+        with context(), compile_for_tpu(), jax.default_device(dev), compile_log.optimisation(disabled=False):
             out["default_device"] = _default_device()
             traced = jax.jit(program).trace(*args)
             lowered = traced.lower()

@@ -20,7 +20,9 @@ from parity.records import base_record, result_path, write_record
 
 
 # ------------------------------------------------------------------ worker side
-def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = ()) -> None:
+def _worker_main(
+    conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = (), seeds: tuple[int, int] = (1, 1)
+) -> None:
     """Runs cases sent over `conn` (a case dict and its BackendSpecs); reports ('inputs', case_id,
     input_hash), ('start', case_id, spec), ('done', line), ('case', case_id, timing, retire)
     (timing: run_case's, with the case's XLA compilations, parity.execute.compile_log; retire: it
@@ -45,6 +47,7 @@ def _worker_main(conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] =
                 on_done=lambda line: conn.send(("done", line)),
                 on_inputs=lambda h: conn.send(("inputs", case.id, h)),  # noqa: B023 - called in this iteration
                 tpu_targets=tpu_targets,
+                seeds=seeds,
             )
         except Exception as e:  # noqa: BLE001 - the parent records it for the backends left
             conn.send(
@@ -85,11 +88,11 @@ class _Worker:
     """A worker process running cases (_worker_main) and the parent's view of the case it is on:
     the backends left (todo), the one running (current) and since when (started)."""
 
-    def __init__(self, ctx, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...]):
+    def __init__(self, ctx, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...], seeds=(1, 1)):
         self.out_dir, self.run_id = Path(out_dir), run_id
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_worker_main, daemon=True, args=(child, str(out_dir), run_id, tuple(tpu_targets))
+            target=_worker_main, daemon=True, args=(child, str(out_dir), run_id, tuple(tpu_targets), tuple(seeds))
         )
         self.proc.start()
         child.close()

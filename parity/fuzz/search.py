@@ -21,6 +21,7 @@ from parity.execute.worker import _Worker
 from parity.fuzz.config import FuzzConfig, applies_predicate, space_for
 from parity.fuzz.found import FOUND_FILE, read_found
 from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge, read_records
+from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 
 HYPOTHESIS_SHRINK_SHARE = 0.4  # of the shrink time, for hypothesis's shrinker; the rest for Search.simplify
 
@@ -44,10 +45,18 @@ class CaseRunner:
     as in run_cases (parity.execute.worker._Worker.poll and .fail). Records land in cfg.out_dir."""
 
     def __init__(self, out_dir: Path, specs: list[str], timeout_s: float, run_id: str):
-        self.cfg = RunConfig(
-            out_dir=Path(out_dir), backends=list(specs), timeout_s=timeout_s, run_id=run_id, progress=False
-        )
         self.specs = parse_specs(list(specs))
+        # further input seeds only where this run gates a candidate against the reference (a search
+        # draws its own seeds; no other machine's records meet these)
+        gated = {"reference", "candidate"} <= {s.side for s in self.specs}
+        self.cfg = RunConfig(
+            out_dir=Path(out_dir),
+            backends=list(specs),
+            timeout_s=timeout_s,
+            run_id=run_id,
+            progress=False,
+            seeds=(SEEDS_MIN, SEEDS_MAX) if gated else (1, 1),
+        )
         self.ctx = mp.get_context("spawn")
         self.worker = None
         self.timing: dict = {}  # the last case's, from the worker (run_case's timing and XLA compilations)
@@ -60,7 +69,7 @@ class CaseRunner:
         self.timing = {}
         while todo:
             if self.worker is None:
-                self.worker = _Worker(self.ctx, Path(self.cfg.out_dir), self.cfg.run_id, ())
+                self.worker = _Worker(self.ctx, Path(self.cfg.out_dir), self.cfg.run_id, (), self.cfg.seeds)
             w = self.worker
             w.give(case, todo)
             while True:

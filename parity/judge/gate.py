@@ -3,7 +3,12 @@
 For every case, every candidate backend (pallas, pallas-fused, user candidates: the "TPU"
 side) and every tensor:
     accuracy   eps_candidate <= tol(case, tensor)                   (parity.measure.tol)
-    bound      eps_candidate <= factor * eps_reference + floor      on rel_rms and max_abs
+    bound      compute error c = sqrt(eps^2 - floor^2) (the error apart from the output's
+               rounding): c_candidate <= factor * c_reference, judged over seeds with a
+               confidence interval from the data (parity.measure.compute_error): fail when the
+               interval lies above factor, pass when it lies at or below factor x (1 + MARGIN),
+               otherwise `inconclusive` (a failure unless allow_inconclusive: --allow-inconclusive);
+               and max_abs <= factor * max_abs_reference + floor_abs
     nan-inf    NaN or Inf where the oracle is finite fails, always
 The reference is FLA (the "GPU" side). A reference tensor outside its own tolerance is
 reported as a finding about the reference; the bound still uses it (except where the
@@ -42,6 +47,7 @@ from cases import Case
 from parity.judge.load import GateRefusal, load, load_checked, load_compiles
 from parity.judge.summary import format_compile_summary, format_summary
 from parity.measure.compare import bound, bound_localisation
+from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.spec import REFERENCE
 from parity.records import SCHEMA_VERSION, UNJUDGED, ByCase, worst_verdict, write_json
 
@@ -141,13 +147,15 @@ def evaluate(
     reference: str = REFERENCE,
     compiles: dict[str, dict[str, dict]] | None = None,
     allow_mixed_numerics: bool = False,
+    allow_inconclusive: bool = False,
 ) -> dict:
     """The gate's verdict for every case, candidate and tensor (and TPU compile, when
-    compile records are given)."""
+    compile records are given). A tensor whose bound stays undecided over the seeds the records
+    hold is `inconclusive`: a failure unless allow_inconclusive (then listed apart)."""
     compiles = compiles or {}
     if not allow_mixed_numerics:
         _check_numerics(by_case)
-    cases_out, failures, findings, unsupported, unbounded, not_judged = [], [], [], [], [], []
+    cases_out, failures, findings, unsupported, unbounded, not_judged, inconclusive = [], [], [], [], [], [], []
     for case_id in sorted(by_case):
         recs = by_case[case_id]
         _check_consistent(case_id, recs)
@@ -221,10 +229,13 @@ def evaluate(
                 }
                 verdict = ct["verdict"]
                 if verdict not in UNJUDGED and rt is not None and "rel_rms" in rt:
-                    b = bound(ct, rt, factor)
+                    try:
+                        b = bound(ct, rt, factor, *_seed_policy(cand, ref))
+                    except ValueError as e:
+                        raise GateRefusal(f"case {case_id}, {name}: {e}; refusing to compare") from None
                     t["bound"] = b
                     if verdict == "pass" and not b["ok"]:
-                        verdict = "fail-bound"
+                        verdict = b["verdict"]
                 else:
                     t["bound"] = None
                     t["bound_note"] = (
@@ -248,22 +259,10 @@ def evaluate(
                             "detail": ct.get("reason", ""),
                         }
                     )
+                elif verdict == "inconclusive" and allow_inconclusive:
+                    inconclusive.append(_failure_line(case_id, cname, name, ct, rt, t, cand))
                 elif verdict != "pass":
-                    rr = (t.get("bound") or {}).get("rel_rms") or {}
-                    failures.append(
-                        {
-                            "case_id": case_id,
-                            "candidate": cname,
-                            "tensor": name,
-                            "verdict": verdict,
-                            "eps_candidate": ct.get("rel_rms"),
-                            "eps_reference": rr.get("reference"),
-                            "ratio": rr.get("ratio"),
-                            "tol": ct.get("tol"),
-                            "localisation": t.get("localisation", {}),
-                            "repro": cand.get("repro"),
-                        }
-                    )
+                    failures.append(_failure_line(case_id, cname, name, ct, rt, t, cand))
             entry["verdict"] = worst_verdict(v["verdict"] for v in entry["tensors"].values())
             free = [
                 n
@@ -293,10 +292,44 @@ def evaluate(
         "unsupported": unsupported,
         "not_judged": not_judged,  # backward tensors of forward-only candidates
         "unbounded": unbounded,
+        "inconclusive": inconclusive,
+        "allow_inconclusive": allow_inconclusive,
         "compile": compile_summary(compiles),
         "counts": {
             v: sum(1 for c in cases_out if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases_out})
         },
+    }
+
+
+def _seed_policy(cand: dict, ref: dict) -> tuple[int, int]:
+    """(seeds_min, seeds_max) a verdict needs: what the candidate's run asked for (parity run --seeds;
+    SEEDS_MIN, SEEDS_MAX where its record does not say). The reference only supplies figures: a
+    reference run with more seeds than that (each side on its own machine) is fine."""
+    pol = cand.get("seed_policy") or {"min": SEEDS_MIN, "max": SEEDS_MAX}
+    return pol["min"], pol["max"]
+
+
+def _failure_line(case_id: str, cname: str, name: str, ct: dict, rt: dict | None, t: dict, cand: dict) -> dict:
+    """The failures (or inconclusive) list's entry for one tensor: epsilons (rel_rms, the case's own
+    seed), compute errors and their ratio with its interval (over the seeds judged)."""
+    b = t.get("bound") or {}
+    rr = b.get("rel_rms") or {}
+    j = b.get("compute") or {}
+    return {
+        "case_id": case_id,
+        "candidate": cname,
+        "tensor": name,
+        "verdict": t["verdict"],
+        "eps_candidate": ct.get("rel_rms"),
+        "eps_reference": (rt or {}).get("rel_rms"),
+        "c_candidate": j.get("c_candidate"),
+        "c_reference": j.get("c_reference"),
+        "ratio": rr.get("ratio"),
+        "interval": [j.get("lo"), j.get("hi")] if j.get("method") == "ratio" else None,
+        "seeds": j.get("seeds"),
+        "tol": ct.get("tol"),
+        "localisation": t.get("localisation", {}),
+        "repro": cand.get("repro"),
     }
 
 
@@ -365,12 +398,19 @@ def run_gate(
     out: Path | None = None,
     allow_partial: bool = False,
     allow_mixed_numerics: bool = False,
+    allow_inconclusive: bool = False,
 ) -> dict:
     """Load (load_checked), evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
     by_case, compiles, coverage = load_checked(dirs, allow_partial)
     if not by_case and not compiles:
         raise GateRefusal(f"no result records under {', '.join(map(str, dirs))}")
-    result = evaluate(by_case, factor, compiles=compiles, allow_mixed_numerics=allow_mixed_numerics)
+    result = evaluate(
+        by_case,
+        factor,
+        compiles=compiles,
+        allow_mixed_numerics=allow_mixed_numerics,
+        allow_inconclusive=allow_inconclusive,
+    )
     nothing = compared_nothing(result)
     result["failures"] += nothing
     result["ok"] = result["ok"] and not nothing

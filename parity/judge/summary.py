@@ -10,6 +10,17 @@ def _fmt(x) -> str:
     return "nan/inf" if x is None else f"{x:.3g}"
 
 
+def _interval(f: dict) -> str:
+    """' [lo, hi] over n seeds (compute error c vs c)' of a compute-error ratio, when the failure has one."""
+    iv = f.get("interval")
+    if not iv or iv[0] is None:
+        return ""
+    return (
+        f" [{_fmt(iv[0])}, {_fmt(iv[1])}] over {f['seeds']} seed(s) (compute error {_fmt(f.get('c_candidate'))}"
+        f" vs {_fmt(f.get('c_reference'))})"
+    )
+
+
 def format_summary(result: dict) -> str:
     lines = [
         f"gate: {len(result['cases'])} case/candidate pairs, bound factor {result['bound_factor']}: "
@@ -22,9 +33,14 @@ def format_summary(result: dict) -> str:
             lines.append(
                 f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
                 f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
-                f"ratio={_fmt(f['ratio'])} tol={_fmt(f['tol'])}"
+                f"ratio={_fmt(f['ratio'])}{_interval(f)} tol={_fmt(f['tol'])}"
                 + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else "")
             )
+    for f in result.get("inconclusive", []):
+        lines.append(
+            f"  INCONCLUSIVE (allowed) {f['case_id']} [{f['candidate']}] {f['tensor']}: compute error "
+            f"ratio={_fmt(f['ratio'])}{_interval(f)}"
+        )
     for f in result["reference_findings"]:
         lines.append(
             f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"

@@ -16,10 +16,14 @@
     floor_rel, floor_abs  rounding noise of the output dtype at the oracle's magnitude:
                      the rel_rms / max_abs of the oracle itself rounded to that dtype
     tol, verdict     against parity.measure.tol (pass, fail-accuracy, nan-inf)
+    blocks           {"err2": [...], "floor2": [...]}: the squared error and the squared rounding of
+                     the oracle, in rel_rms units, per independent block (parity.measure.compute_error:
+                     the compute error sqrt(eps^2 - floor^2) and the bound on it are judged from these)
     row_heatmap      state tensors: rel error per (sequence row, head), [N][H]; [1][H] for [H]
     localisation     where the error first exceeds tolerance and what its shape looks like
                      (first chunk, token and head, or sequence and head; see localise)
-`bound(cand, ref, factor)` applies eps_c <= factor * eps_r + floor on rel_rms and max_abs;
+`bound(cand, ref, factor)` judges the compute error over seeds (parity.measure.compute_error) and
+max_abs <= factor * (1 + MAX_ABS_MARGIN) * max_abs_r + floor_abs;
 `bound_localisation` says where along T and in which head the candidate exceeds it.
 """
 
@@ -30,6 +34,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
 TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")  # [B, T, H, ...]
@@ -269,6 +274,28 @@ def describe_localisation(loc: dict | None) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
+    """{"err2", "floor2"}: w * (x - ref)^2 and w * (rounded - ref)^2 summed per independent block
+    (parity.measure.compute_error.block_sums), w the per-element weight of rel_rms (so that err2
+    sums to rel_rms^2); rounded: ref rounded to the output dtype. Non-finite elements count 0."""
+    x = np.asarray(x).astype(np.float64)
+    r = np.asarray(ref, np.float64)
+    ok = np.isfinite(r)
+    r0 = np.where(ok, r, 0.0)
+    den2 = float(np.sum(r0**2))
+    if scale is not None:
+        s = np.broadcast_to(np.asarray(scale, np.float64), r.shape)
+        w = 1.0 / (max(1, r.size) * np.where(s > 0, s, 1.0) ** 2)
+    else:
+        w = 1.0 / max(1, r.size) if den2 == 0 else 1.0 / den2
+    diff = np.where(ok & np.isfinite(x), x - r0, 0.0)
+    time_tensor = name in TIME_TENSORS
+    return {
+        "err2": block_sums(w * diff**2, time_tensor),
+        "floor2": block_sums(w * (np.asarray(rounded, np.float64) - r0) ** 2, time_tensor),
+    }
+
+
 def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
     """Metrics of `x` (any float dtype) against the float64 oracle `ref` for tensor `name`.
     rel_rms = rms((x - ref) / s): s is ref's rms (||x - ref|| / ||ref||), or, given `scale` (the
@@ -302,6 +329,7 @@ def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
     odt = output_dtype(case, name)
     ulps = absd / _ulp(r0, odt)
     rounded = r0.astype(NP_DTYPES[odt]).astype(np.float64)
+    blocks = error_blocks(name, x, r, rounded, scale)
     # worst elements: non-finite ones first, then by |x - r|
     score = np.where(both, absd, np.where(ref_ok, np.inf, -1.0)).ravel()
     order = np.argsort(-score, kind="stable")[:N_WORST]
@@ -330,6 +358,7 @@ def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
         "floor_rel": rel_rms(rounded, r0),
         "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
         "tol": tolerance,
+        "blocks": blocks,
     }
     if scale is not None:
         rec["error_scale"] = [float(v) for v in np.ravel(scale)]
@@ -366,26 +395,88 @@ def _num(v) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def bound(cand: dict, ref: dict, factor: float = 1.0) -> dict:
-    """eps_c <= factor * eps_r + floor on rel_rms and on max_abs, for two compare_tensor records."""
+def seed_figures(t: dict) -> list[dict]:
+    """A tensor record's per-seed figures [{"seed", "input_hash", "err2", "floor2", ...}]; a record from
+    before seeds (compare_tensor's own, in tests) is its one seed."""
+    if "seeds" in t:
+        return t["seeds"]
+    return [{"seed": None, "input_hash": None, **t["blocks"]}] if "blocks" in t else []
+
+
+def common_seeds(cand: dict, ref: dict) -> tuple[list[dict], list[dict]]:
+    """The per-seed figures of the seeds both tensor records hold, in the candidate's order,
+    aligned; ValueError when a seed's inputs differ between them."""
+    by_seed = {s["seed"]: s for s in seed_figures(ref)}
+    c_out, r_out = [], []
+    for s in seed_figures(cand):
+        r = by_seed.get(s["seed"])
+        if r is None:
+            continue
+        if r.get("input_hash") != s.get("input_hash"):
+            raise ValueError(f"seed {s['seed']}: input hash differs between the candidate and the reference")
+        c_out.append(s)
+        r_out.append(r)
+    return c_out, r_out
+
+
+def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN, seeds_max: int = SEEDS_MAX) -> dict:
+    """The bound for two compare_tensor records (with their seeds, parity.execute.case): the compute
+    error's, judged over the seeds both hold (compute_error.judge, verdict_after with this seed
+    policy: fewer seeds than it needs is `inconclusive`), and max_abs <= factor * (1 + MAX_ABS_MARGIN) *
+    max_abs_r + floor_abs on the case's own seed. verdict: pass | fail-bound | inconclusive; ok: verdict == pass."""
     out = {"factor": factor}
-    ok = True
     ref_nonfinite = bool(ref.get("nan") or ref.get("inf"))
     if ref_nonfinite:  # its epsilons cover only its finite elements: no bound from it
         out["reference_nonfinite"] = True
-    for metric, floor in (("rel_rms", "floor_rel"), ("max_abs", "floor_abs")):
-        c, r = cand.get(metric), ref.get(metric)
-        if c is None or r is None or ref_nonfinite:
-            out[metric] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
-            ok = ok and c is not None  # a reference with NaN bounds nothing; a NaN candidate fails
-            continue
-        limit = factor * r + ref[floor]
-        out[metric] = {
+    cand_nonfinite = bool(cand.get("nan") or cand.get("inf")) or cand.get("rel_rms") is None
+    verdict = "fail-bound" if cand_nonfinite else "pass"
+    out["rel_rms"] = {"candidate": cand.get("rel_rms"), "reference": ref.get("rel_rms"), "limit": None, "ratio": None}
+    if not (ref_nonfinite or cand_nonfinite or ref.get("rel_rms") is None):
+        cs, rs = common_seeds(cand, ref)
+        if not cs:
+            out["compute"] = None
+            out["note"] = "no seed with figures in both records"
+            verdict = "inconclusive"
+        else:
+            j = judge(cs, rs, factor)
+            j["seed_list"] = [s["seed"] for s in cs]
+            j["state"] = verdict_after(j, seeds_min, seeds_max)
+            out["compute"] = j
+            if j["method"] == "ratio":
+                out["rel_rms"] = {
+                    "candidate": j["c_candidate"],
+                    "reference": j["c_reference"],
+                    "limit": factor * j["c_reference"],
+                    "ratio": j["ratio"],
+                }
+            else:
+                out["rel_rms"] = {
+                    "candidate": j["eps_candidate"],
+                    "reference": j["eps_reference"],
+                    "limit": j["limit"],
+                    "ratio": j["eps_candidate"] / j["eps_reference"] if j["eps_reference"] > 0 else None,
+                }
+            verdict = {"pass": "pass", "fail": "fail-bound"}.get(j["state"], "inconclusive")
+            if j["state"] == "more":
+                out["note"] = (
+                    f"{j['seeds']} seed(s) in both records leave it undecided; the seed policy asks for "
+                    f"{seeds_min} to {seeds_max}"
+                )
+    c, r = cand.get("max_abs"), ref.get("max_abs")
+    if c is None or r is None or ref_nonfinite:
+        out["max_abs"] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
+        if c is None:
+            verdict = "fail-bound"
+    else:
+        limit = factor * (1 + MAX_ABS_MARGIN) * r + ref["floor_abs"]
+        out["max_abs"] = {
             "candidate": c,
             "reference": r,
             "limit": limit,
             "ratio": c / r if r > 0 else (0.0 if c == 0 else None),
         }
-        ok = ok and c <= limit
-    out["ok"] = bool(ok and not cand.get("nan") and not cand.get("inf"))
+        if not c <= limit:
+            verdict = "fail-bound"
+    out["verdict"] = verdict
+    out["ok"] = verdict == "pass"
     return out

@@ -14,6 +14,7 @@ PALLAS_KERNELS = {
         "simple_gla": ("kernels_jax.simple_gla", "chunk_simple_gla"),
         "gla": ("kernels_jax.gla", "chunk_gla"),
         "kda": ("kernels_jax.kda", "chunk_kda"),
+        "gdn": ("kernels_jax.gdn", "chunk_gdn"),
     },
     "pallas-fused": {"simple_gla": ("kernels_jax.simple_gla", "fused_chunk_simple_gla")},
 }

@@ -4,6 +4,8 @@
     fla                         FLA's Triton kernels, the reference ("GPU" side)  side reference
     pallas, pallas-fused        kernels_jax's Pallas TPU kernels                  side candidate
     mutant:NAME                 a kernels_jax kernel with a known bug (parity.mutants)
+    noise:REL                   the exact result + Gaussian noise of relative rms REL before the
+                                output's rounding, on its low-precision tensors (a test subject)
     NAME=FRAMEWORK:MODULE:FUNCTION
                                 a user's candidate; FRAMEWORK jax (any jax code), pallas (a Pallas
                                 TPU kernel: its TPU module must hold a Mosaic kernel) or torch
@@ -24,15 +26,16 @@ REFERENCE = "fla"  # the reference backend's name: the GPU side of the gate
 BUILTIN = ("oracle", REFERENCE, "pallas", "pallas-fused")
 FRAMEWORKS = ("jax", "pallas", "torch")
 MUTANT_PREFIX = "mutant:"
+NOISE_PREFIX = "noise:"
 SIDES = ("oracle", "reference", "candidate")
 STATUSES = ("ok", "error", "timeout", "unsupported")  # of a backend's result for a case
-KINDS = ("oracle", "fla", "kernels_jax", "candidate-jax", "candidate-pallas", "candidate-torch", "mutant")
+KINDS = ("oracle", "fla", "kernels_jax", "candidate-jax", "candidate-pallas", "candidate-torch", "mutant", "noise")
 # a backend's name is a folder of the output directory: a safe charset, no path components
 # ('.', '..', '/', a leading '-' or '.'), at most 64 characters
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 CANDIDATE_RE = re.compile(r"^(?P<name>[^=]*)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
 FORMS = (
-    f"one of {list(BUILTIN)}, mutant:NAME, or a candidate NAME=FRAMEWORK:MODULE:FUNCTION "
+    f"one of {list(BUILTIN)}, mutant:NAME, noise:REL, or a candidate NAME=FRAMEWORK:MODULE:FUNCTION "
     f"(FRAMEWORK one of {list(FRAMEWORKS)}, e.g. mine=jax:my_pkg.kernels:chunk_gla)"
 )
 RUNS_ON_JAX = "tpu, or TPU interpret mode on a CPU (matmuls under the TPU numerics model)"
@@ -129,6 +132,15 @@ def parse_backend_spec(text: str) -> BackendSpec:
         if not NAME_RE.fullmatch(f"mutant-{mutant}"):
             raise SpecError(f"unknown mutant {text!r}: expected mutant:NAME, NAME a mutant of parity.mutants")
         return BackendSpec(text, f"mutant-{mutant}", "candidate", "mutant", mutant, RUNS_ON_JAX)
+    if text.startswith(NOISE_PREFIX):
+        rel = text[len(NOISE_PREFIX) :]
+        try:
+            ok = 0 <= float(rel) < 1 and NAME_RE.fullmatch(f"noise-{rel}")
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SpecError(f"backend {text!r}: expected noise:REL, REL a relative rms in [0, 1), e.g. noise:2e-3")
+        return BackendSpec(text, f"noise-{rel}", "candidate", "noise", rel, "cpu: the float64 oracle + noise")
     if "=" not in text:
         raise SpecError(f"unknown backend {text!r}: expected {FORMS}")
     m = CANDIDATE_RE.match(text)
@@ -143,7 +155,7 @@ def parse_backend_spec(text: str) -> BackendSpec:
         )
     if m["fw"] not in FRAMEWORKS:
         raise SpecError(f"--candidate {text!r}: FRAMEWORK {m['fw']!r} is not one of {list(FRAMEWORKS)}")
-    if m["name"] in BUILTIN or m["name"].startswith("mutant-"):
+    if m["name"] in BUILTIN or m["name"].startswith(("mutant-", "noise-")):
         raise SpecError(
             f"--candidate {text!r}: NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)} "
             "or a mutant (mutant-*)"

@@ -38,6 +38,7 @@ def explain(case, records: dict[str, dict], gate: dict | None) -> list[str]:
     """One paragraph per problem: tensor, both epsilons, tolerance, bound, worst element,
     where each side ran, and the command that reproduces just this case."""
     from parity.measure.compare import describe_localisation  # late: numpy, only when parity tests run
+    from parity.measure.compute_error import describe as describe_compute
 
     ref = records.get(REFERENCE)
     problems = []
@@ -69,6 +70,8 @@ def explain(case, records: dict[str, dict], gate: dict | None) -> list[str]:
             eps += f"   tol = {_fmt(t.get('tol'))}"
             if rr:
                 eps += f"   bound limit = {_fmt(rr.get('limit'))} (factor {b.get('factor')})"
+            if b.get("compute"):
+                eps += f"\n  {describe_compute(b['compute'])}"
             lines = [
                 f"[{name}] {tname}: {verdict}",
                 eps,
@@ -115,8 +118,11 @@ def check_case(
     # late: heavy (jax, torch, the harness), only when parity tests run
     from parity.execute.case import run_case
     from parity.judge.gate import GateRefusal, compile_problems, evaluate
+    from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 
-    recs, _, compiles = run_case(case, specs, _backends(tuple(specs)), report_dir, run_id, tpu_targets=tpu_targets)
+    recs, _, compiles = run_case(
+        case, specs, _backends(tuple(specs)), report_dir, run_id, tpu_targets=tpu_targets, seeds=(SEEDS_MIN, SEEDS_MAX)
+    )
     by_backend = {r["backend"]: r for r in recs}
     gate = None
     if REFERENCE in by_backend and any(r["side"] == "candidate" for r in recs):

@@ -123,3 +123,24 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
         for k in ("worst", "localisation"):
             if k in t and not isinstance(t[k], (list, dict)):
                 bad(f"tensors.{name}.{k}", t[k], "a list or object")
+        if "seeds" in t:
+            _check_seeds(t["seeds"], f"tensors.{name}.seeds", bad)
+
+
+def _check_seeds(seeds, field: str, bad) -> None:
+    """A tensor's per-seed figures (parity.execute.case): a list of {"seed": int, "err2": [numbers],
+    "floor2": [numbers]} with as many err2 as floor2 blocks, the same count on every seed."""
+    if not isinstance(seeds, list):
+        bad(field, seeds, "a list of per-seed figures")
+    sizes = set()
+    for i, s in enumerate(seeds):
+        if not isinstance(s, dict) or not isinstance(s.get("seed"), int) or isinstance(s.get("seed"), bool):
+            bad(f"{field}[{i}]", s, 'an object with an int "seed"')
+        for k in ("err2", "floor2"):
+            if not (isinstance(s.get(k), list) and all(_is_number(x) for x in s[k])):
+                bad(f"{field}[{i}].{k}", s.get(k), "a list of finite numbers (per block)")
+        if len(s["err2"]) != len(s["floor2"]):
+            bad(f"{field}[{i}].floor2", s["floor2"], f"{len(s['err2'])} blocks, as err2 has")
+        sizes.add(len(s["err2"]))
+    if len(sizes) > 1:
+        bad(field, sorted(sizes), "the same number of blocks on every seed")

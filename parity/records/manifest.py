@@ -138,11 +138,17 @@ def expected_compiles(path: Path, m: dict, results: dict[Path, dict]) -> list[tu
     """(case_id, backend, compile record path) for every TPU compile the manifest at `path`
     implies: the pairs `parity compile` lists, and, in a run with tpu_targets, every candidate
     whose result record (in `results`, by resolved path) ran the case to the end (status ok:
-    a candidate that failed or timed out fails on its record already)."""
+    a candidate that failed or timed out fails on its record already) and has a TPU program (not
+    one whose notes say "no_tpu_program": the noise:REL test backend)."""
     pairs = [tuple(p) for p in m.get("compiles", [])]
     if m.get("tpu_targets"):
         for case_id, backend, rpath in expected_records(path, m):
             rec = results.get(rpath.resolve())
-            if rec and rec.get("side") == "candidate" and rec.get("status") == "ok":
+            if (
+                rec
+                and rec.get("side") == "candidate"
+                and rec.get("status") == "ok"
+                and not rec.get("notes", {}).get("no_tpu_program")
+            ):
                 pairs.append((case_id, backend))
     return [(c, b, path.parent / b / f"{c}.compile.json") for c, b in dict.fromkeys(pairs)]

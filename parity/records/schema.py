@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-seed figures (tensors.*.seeds, seeds, seed_policy; issue 28)
 
 
 class TensorMetrics(TypedDict, total=False):
@@ -36,6 +36,10 @@ class TensorMetrics(TypedDict, total=False):
     row_heatmap: list
     sequences: list | None
     localisation: dict
+    # per input seed, the case's own first (parity.execute.case): {"seed", "input_hash", "rel_rms",
+    # "floor_rel", "max_abs", "nan", "inf", "verdict", "err2": [...], "floor2": [...]}, err2 and floor2
+    # per independent block (parity.measure.compute_error)
+    seeds: list[dict]
     rms: float  # the oracle's own records: its rms and non-finite count
     nonfinite: int
 
@@ -71,6 +75,8 @@ class ResultRecord(TypedDict, total=False):
     # decided it, {"vector_unit": {"my_kernel": ["f32x1"]}, "source": "compile for v5e (...)"}
     notes: dict[str, Any]
     tensors: dict[str, TensorMetrics]  # the oracle's: shape, rms, max_abs, nonfinite, verdict
+    seeds: list[dict]  # the input seeds it ran, in order: [{"seed", "input_hash"}] (cases.seed_at)
+    seed_policy: dict  # {"min", "max"}: the seeds per case its run asked for (parity run --seeds)
     encoded_nonfinite: list[str]
 
 
@@ -104,6 +110,7 @@ VERDICT_ORDER = (
     "nan-inf",
     "fail-accuracy",
     "fail-bound",
+    "inconclusive",  # the bound undecided over the seeds allowed (parity.measure.compute_error)
     "unsupported",
     "not-judged",
     "pass",

@@ -15,6 +15,7 @@ from parity.execute.backends.base import Backend, BackendResult, CompileSubject,
 from parity.execute.backends.fla import FlaBackend
 from parity.execute.backends.jax_backends import JaxCandidate, PallasBackend
 from parity.execute.backends.mutant import MutantBackend
+from parity.execute.backends.noise import NoiseBackend
 from parity.execute.backends.oracle import OracleBackend
 from parity.execute.backends.torch_candidate import TorchCandidate
 from parity.execute.proc import call_in_child
@@ -78,6 +79,8 @@ def make_backend(spec: BackendSpec | str) -> Backend:
         return PallasBackend(spec.name)
     if spec.kind == "mutant":
         return MutantBackend(spec)
+    if spec.kind == "noise":
+        return NoiseBackend(spec)
     fn = load_candidate_function(spec)
     if spec.framework in ("jax", "pallas"):
         return JaxCandidate(spec.name, fn, spec.text, framework=spec.framework)

@@ -88,15 +88,15 @@ def check_tensors(
     shape of the tensor it belongs to."""
     unsupported = unsupported or {}
     expected = {
-        "o": (case.B, case.T, case.H, case.V),
-        "ht": (case.N, case.H, case.K, case.V),
+        "o": (case.B, case.T, case.value_heads, case.V),
+        "ht": (case.N, case.value_heads, case.K, case.V),
         "dq": inputs["q"].shape,
         "dk": inputs["k"].shape,
         "dv": inputs["v"].shape,
         "dg": inputs["g"].shape if "g" in inputs else None,
         "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
         "dbeta": inputs["beta"].shape if "beta" in inputs else None,
-        "dh0": (case.N, case.H, case.K, case.V),
+        "dh0": (case.N, case.value_heads, case.K, case.V),
     }
     out = {}
     for name in case.output_names():

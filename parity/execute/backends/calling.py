@@ -3,7 +3,8 @@
     simple_gla: fn(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
                    output_final_state=False, cu_seqlens=None[, chunk_size=])
     gla:        fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
-    kda:        fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
+    kda, gdn:   fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
+                (v, g, beta and the states with HV value heads: case.value_heads)
 returning (o, final_state). `chunk_size=` is passed when the function accepts it.
 A candidate says what it does not support, recorded as `unsupported` with the reason (not an
 error, so the gate does not fail it): it raises `NotImplementedError("reason")` (one that jax
@@ -44,7 +45,7 @@ GRAD_NAMES = {
 
 
 def differentiable_inputs(case: Case, inputs: dict[str, np.ndarray]) -> list[str]:
-    names = ["q", "k", "v", case.gate_name] + (["beta"] if case.op == "kda" else [])
+    names = ["q", "k", "v", case.gate_name] + (["beta"] if case.has_beta else [])
     return names + (["initial_state"] if "initial_state" in inputs else [])
 
 

@@ -3,6 +3,9 @@
     simple_gla: fla.ops.simple_gla.chunk_simple_gla (chunk size: the case's)
     gla:        fla.ops.gla.chunk_gla              (chunk size fixed by FLA: 64)
     kda:        fla.ops.kda.chunk_kda              (chunk size 32 or 64; 64 for other cases)
+    gdn:        fla.ops.gated_delta_rule.chunk_gated_delta_rule  (chunk size 16, 32 or 64; 64 for 128)
+kda and gdn take grouped value heads as they are (v, g, beta, states with HV = G * H heads:
+FLA's GVA, value head j reads q, k head j // G).
 Backward through torch autograd with cotangents do and dht. With no CUDA device the kernels
 run under the Triton interpreter (see triton_interpreter.py), recorded as
 'cpu:triton-interpreter'; FLA must then be imported after `triton_interpreter.request()`.
@@ -29,16 +32,16 @@ FLA_KERNELS = {
     "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
     "gla": ("fla.ops.gla", "chunk_gla"),
     "kda": ("fla.ops.kda", "chunk_kda"),
+    "gdn": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
 }
+# the chunk sizes FLA's kernel takes, where it takes one (chunk_gla: none, its fixed 64)
+FLA_CHUNKS = {"simple_gla": (16, 32, 64, 128), "kda": (32, 64), "gdn": (16, 32, 64)}
 
 
 def fla_chunk_size(case: Case) -> int:
-    """The chunk size FLA's kernel really uses for this case (gla: its fixed 64)."""
-    if case.op == "simple_gla":
-        return case.chunk_size
-    if case.op == "kda":
-        return case.chunk_size if case.chunk_size in (32, 64) else 64
-    return 64
+    """The chunk size FLA's kernel really uses for this case (gla: its fixed 64; the case's
+    where FLA's kernel takes it, else 64)."""
+    return case.chunk_size if case.chunk_size in FLA_CHUNKS.get(case.op, ()) else 64
 
 
 class FlaImportedTooEarly(RuntimeError):
@@ -152,7 +155,7 @@ class FlaBackend:
         return Execution(
             tensors=tensors,
             platform=platform,
-            implementation=f"fla.ops.{case.op}.{FLA_KERNELS[case.op][1]}",
+            implementation=".".join(FLA_KERNELS[case.op]),
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,

@@ -4,7 +4,9 @@ Both run on a TPU when one is present; elsewhere inside TPU interpret mode
 (`pltpu.force_tpu_interpret_mode()` for users' kernels; kernels_jax's choose it themselves,
 kernels_jax.common.platform.interpret_mode), so third-party Pallas TPU kernels run unchanged on
 CPU, with jax's TPU queries (`pltpu.get_tpu_info()`, ...) answering as one TPU generation would
-(parity.execute.tpu_identity), stated in the record's `notes.tpu_identity`.
+(parity.execute.tpu_identity), stated in the record's `notes.tpu_identity`, and compiled by
+XLA:CPU with most optimisations off (parity.execute.compile_log.optimisation: about half the
+compile time of an interpret-mode run), stated in `notes.interpret_compile`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
-from parity.execute import tpu_identity
+from parity.execute import compile_log, tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import (
     accepts,
@@ -54,18 +56,27 @@ def _numerics() -> str:
 @contextlib.contextmanager
 def _interpreting(force: bool):
     """Around a jax kernel's call: nothing on a TPU; elsewhere TPU interpret mode (forced when
-    `force`: a user's kernel) with the emulated TPU identity (parity.execute.tpu_identity),
-    both left on the way out. Yields the record's notes: {} on a TPU, else the identity and the
-    numerics model's decision of which dots ran on the vector unit, and from what
-    (tpu_numerics.decision: {"tpu_identity": ..., "tpu_numerics": ...})."""
+    `force`: a user's kernel) with the emulated TPU identity (parity.execute.tpu_identity) and
+    XLA:CPU's optimisations off (parity.execute.compile_log), all left on the way out. Yields the
+    record's notes: {} on a TPU, else the identity, the compile effort and the numerics model's
+    decision of which dots ran on the vector unit, and from what (tpu_numerics.decision:
+    {"tpu_identity": ..., "interpret_compile": ..., "tpu_numerics": ...})."""
     if _tpu_present():
         yield {}
         return
     from jax.experimental.pallas import tpu as pltpu  # late: jax is heavy
 
     target, source = tpu_identity.interpret_target()
-    with pltpu.force_tpu_interpret_mode() if force else contextlib.nullcontext(), tpu_identity.emulated(target):
-        yield {"tpu_identity": tpu_identity.describe(target, source), "tpu_numerics": tpu_numerics.decision()}
+    with (
+        pltpu.force_tpu_interpret_mode() if force else contextlib.nullcontext(),
+        tpu_identity.emulated(target),
+        compile_log.optimisation(disabled=True),
+    ):
+        yield {
+            "tpu_identity": tpu_identity.describe(target, source),
+            "interpret_compile": compile_log.INTERPRET_EFFORT,
+            "tpu_numerics": tpu_numerics.decision(),
+        }
 
 
 def _versions() -> dict[str, str]:
