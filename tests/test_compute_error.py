@@ -187,3 +187,24 @@ def test_power_ladder_runs_synthetic_candidates_through_the_gate(tmp_path):
         assert rows[name]["methods"] == ["ratio"]
     assert rows["ht"]["methods"] == ["rounding"]
     assert "| simple_gla | bfloat16 | o |" in format_table(result)
+
+
+def test_summary_names_the_smallest_margin():
+    """The gate's summary line names the bounded tensor whose interval's upper end is closest to
+    (or furthest over) the bound, ratio (hi / factor) and rounding (eps / limit) methods alike;
+    a tensor without a judgement (NaN/Inf candidate) is passed over."""
+    ratio = lambda hi: {"compute": {"method": "ratio", "hi": hi, "factor": 2.0, "seeds": 3}}
+    rounding = {"compute": {"method": "rounding", "eps_candidate": 1.8, "limit": 2.0, "seeds": 4}}
+    nan = {"bound": {"compute": None}}
+    cases = [
+        {"case_id": "A", "candidate": "pallas", "tensors": {"o": {"bound": ratio(1.0)}, "dq": {"bound": ratio(1.86)}}},
+        {"case_id": "B", "candidate": "pallas", "tensors": {"o": {"bound": rounding}, "dg": nan}},
+        {"case_id": "C", "candidate": "other", "tensors": {"o": {"bound": None}}},
+    ]
+    result = {"cases": cases, "bound_factor": 2.0, "counts": {"pass": 3}, "failures": [], "reference_findings": []}
+    result.update(unsupported=[], ok=True)
+    assert "  smallest margin: hi/factor = 0.93 at A [pallas] dq (3 seed(s))" in format_summary(result).splitlines()
+    cases[1]["tensors"]["o"]["bound"]["compute"]["eps_candidate"] = 2.5  # over its limit: now the smallest
+    assert "smallest margin: eps/limit = 1.25 at B [pallas] o (4 seed(s))" in format_summary(result)
+    result["cases"] = cases[2:]
+    assert "smallest margin" not in format_summary(result)

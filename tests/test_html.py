@@ -24,6 +24,7 @@ from cases import Case, make_inputs
 from parity.execute.backends import BUILTIN
 from parity.html import build_report, write_report
 from parity.html.compile_view import COMPILE_LABEL
+from parity.html.rows import bound_points
 from parity.measure.compare import compare_tensor
 from parity.records import SCHEMA_VERSION, base_record, result_path, worst_verdict, write_json
 
@@ -318,6 +319,41 @@ def test_rows_verdicts_and_failures_first(run_dir):
     assert "first over tol: chunk 2 (t=128), head 1" in bad["b"]["pallas"]["l"]
 
 
+def test_bound_points_one_per_judged_tensor(run_dir):
+    """The scatter's data: a point per (case, candidate, tensor) with a compute-error judgement
+    (FAILING: pallas 7, nan 6 of 7 (its o is NaN: counted as undrawn); PASSING 2; the hostile case's
+    nan 1; the bulk cases' pallas 120), its interval around it, the smallest margin on the summary."""
+    rep = build_report([run_dir])
+    b = rep["bound"]
+    assert len(b["points"]) == 136 and b["undrawn"] == 1 and (b["factor"], b["edge"]) == (1.0, 1.25)
+    keyed = {(p["case"], p["candidate"], p["tensor"]): p for p in b["points"]}
+    assert len(keyed) == 136 and (FAILING.id, "nan", "o") not in keyed
+    o = keyed[(FAILING.id, "pallas", "o")]
+    assert o["verdict"] == "fail-accuracy" and o["method"] == "ratio" and o["dtype"] == "float32"
+    assert o["y_lo"] <= o["y"] <= o["y_hi"] and o["n"] == {r["id"]: r["n"] for r in rep["rows"]}[FAILING.id]
+    assert rep["summary"]["gate"]["smallest_margin"].startswith("smallest margin: hi/factor = 3.")
+    assert f"at {FAILING.id} [pallas] " in rep["summary"]["gate"]["smallest_margin"]
+
+
+def test_bound_points_clamp_zero_compute_error():
+    """A compute error of 0 (rounding level) is drawn at the stated floor and marked, not dropped."""
+    ratio = {"method": "ratio", "c_candidate": 2e-3, "c_reference": 1e-3, "ratio": 2.0, "lo": 1.5, "hi": 2.5}
+    zero = {"method": "rounding", "c_candidate": 0.0, "c_reference": 4e-8, "ratio": None, "lo": None, "hi": None}
+    tensors = {
+        n: {"verdict": v, "bound": {"compute": dict(c, seeds=3, factor=1.0)}}
+        for n, v, c in (("o", "fail-bound", ratio), ("dg", "pass", zero))
+    }
+    tensors["dg"]["dtype"] = "float32"  # the tensor's own dtype; o has none: the case's
+    gate_cases = {"X": {"pallas": {"tensors": tensors}}, "Y": {"refused": "no reference"}}
+    b = bound_points(gate_cases, [{"id": "X", "n": 0, "dtype": "bfloat16"}, {"id": "Y", "n": 1, "dtype": "x"}], 1.0)
+    pts = {p["tensor"]: p for p in b["points"]}
+    assert b["floor"] == pytest.approx(4e-9) and b["undrawn"] == 0
+    assert pts["dg"]["y"] == b["floor"] and pts["dg"]["clamped"] == ["y"] and pts["dg"]["x"] == 4e-8
+    assert (pts["o"]["y_lo"], pts["o"]["y_hi"]) == pytest.approx((1.5e-3, 2.5e-3)) and pts["o"]["clamped"] == []
+    assert pts["o"]["margin"] == "hi/factor = 2.5"
+    assert (pts["o"]["dtype"], pts["dg"]["dtype"]) == ("bfloat16", "float32")
+
+
 def test_page_files_escape_hostile_strings(page):
     html = page.read_text()
     assert "<img" not in html and "</script><script>" not in html and 'onerror="' not in html
@@ -537,6 +573,34 @@ def test_failing_detail_shows_plots(tab):
     tab.screenshot(path=str(SCREENSHOTS / "failing-detail.png"), full_page=False)
     tab.click("#back")
     tab.wait_for_selector("#cases", state="visible")
+    assert tab.errors == []
+
+
+def test_bound_scatter_hover_and_click(tab):
+    """The bound scatter: one drawn point per judged tensor, the failing case's points in the failing
+    colour, hovering one names its case and tensor, clicking it opens the case."""
+    tab.wait_for_selector("#bound-scatter[data-state='ready']", timeout=60_000)
+    assert tab.locator("#bound-scatter .scatterlayer .point").count() == 136
+    assert tab.locator("#smallest-margin").text_content().startswith("smallest margin: hi/factor = ")
+    traces = tab.evaluate(
+        "document.getElementById('bound-scatter').data.map(t => [t.name, t.marker && t.marker.color, t.x.length])"
+    )
+    failing = [i for i, (name, _, _) in enumerate(traces) if name == "fail-accuracy float32"]
+    assert len(failing) == 1 and traces[failing[0]][1:] == ["#cf222e", 4]  # o, dq, dk, dv of FAILING
+    assert {t[1] for t in traces if t[0].startswith("pass ")} == {"#1a7f37"}
+    point = tab.locator("#bound-scatter .scatterlayer .trace").nth(failing[0]).locator(".point").first
+    assert point.evaluate("e => getComputedStyle(e).fill") == "rgb(207, 34, 46)"  # drawn red
+    box = point.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    tab.mouse.move(x, y)
+    hover = tab.locator("#bound-scatter .hoverlayer .hovertext")
+    hover.wait_for()
+    text = hover.text_content()
+    assert FAILING.id in text and re.search(r"\[pallas\] (o|dq|dk|dv)verdict fail-accuracy", text), text
+    tab.mouse.click(x, y)
+    tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+    assert tab.locator("#detail-title").text_content().endswith(FAILING.id)
+    assert tab.evaluate("window.__pwned") is None and tab.evaluate("document.querySelectorAll('img').length") == 0
     assert tab.errors == []
 
 

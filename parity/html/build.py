@@ -20,7 +20,7 @@ import jinja2
 from markupsafe import Markup
 
 from parity.html.compile_view import compile_summary, compile_target_order
-from parity.html.rows import backend_order, case_detail, case_row, gate_per_case, summary
+from parity.html.rows import backend_order, bound_points, case_detail, case_row, gate_per_case, summary
 from parity.records import VERDICT_ORDER, load_latest, read_json
 
 PLOTLY_JS = "plotly.min.js"
@@ -55,13 +55,14 @@ def _gate_compile(dirs: list[Path]) -> dict | None:
 
 
 def build_report(dirs: list[Path]) -> dict:
-    """{'summary', 'backends', 'rows', 'details', ...} from the result and compile records under `dirs`
-    (a case with compile records only gets a row too)."""
+    """{'summary', 'backends', 'rows', 'details', 'bound' (the scatter's points), ...} from the result
+    and compile records under `dirs` (a case with compile records only gets a row too)."""
     dirs = [Path(d) for d in dirs]
     by_case, compiles = load_latest(dirs), load_latest(dirs, kind="compile")
     backends = backend_order(by_case)
     targets = compile_target_order(compiles)
-    gate_cases, gate = gate_per_case(by_case, _bound_factor(dirs), compiles)
+    factor = _bound_factor(dirs)
+    gate_cases, gate = gate_per_case(by_case, factor, compiles)
     ids = sorted(set(by_case) | set(compiles))
     rows = [
         case_row(i, cid, by_case.get(cid, {}), gate_cases.get(cid, {}), backends, compiles.get(cid))
@@ -82,6 +83,7 @@ def build_report(dirs: list[Path]) -> dict:
         "sides": {b: next(r[b]["side"] for r in by_case.values() if b in r) for b in backends},
         "verdict_order": list(VERDICT_ORDER),
         "compile_targets": targets,
+        "bound": bound_points(gate_cases, rows, factor),
         "rows": rows,
         "details": details,
     }
@@ -149,7 +151,7 @@ def write_report(dirs: list[Path], out: Path) -> Path:
         _copy_if_changed(plotly_js, assets / PLOTLY_JS)
     for d in report["details"]:
         (cases_dir / f"{d['n']}.js").write_text(f"parityCaseLoaded({d['n']},{_safe_json(d)});\n")
-    page_data = {k: report[k] for k in ("backends", "sides", "verdict_order", "compile_targets", "rows")}
+    page_data = {k: report[k] for k in ("backends", "sides", "verdict_order", "compile_targets", "bound", "rows")}
     page_data["assets"] = assets.name
     # a `parity fuzz` page beside the results (OUT/fuzz.html): linked from the header
     fuzz_pages = [os.path.relpath(Path(d) / "fuzz.html", out.parent) for d in dirs if (Path(d) / "fuzz.html").exists()]
@@ -158,6 +160,7 @@ def write_report(dirs: list[Path], out: Path) -> Path:
         .get_template("index.html.j2")
         .render(
             s=report["summary"],
+            bound=report["bound"],
             backends=report["backends"],
             assets=assets.name,
             fuzz_pages=fuzz_pages,

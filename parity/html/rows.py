@@ -11,7 +11,9 @@ from pathlib import Path
 
 from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail, worst_page_verdict
 from parity.judge.gate import GateRefusal, evaluate
+from parity.judge.summary import margin_line, margin_of, smallest_margin
 from parity.measure.compare import describe_localisation
+from parity.measure.compute_error import MARGIN
 from parity.model.spec import REFERENCE
 from parity.records import VERDICT_ORDER
 
@@ -56,6 +58,7 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         failures += len(g["failures"])
         counts.update(c["verdict"] for c in g["cases"])
     status = "refused" if refused else ("pass" if failures == 0 else "fail")
+    margin = smallest_margin([e for g in per_case.values() for k, e in g.items() if k != "refused"])
     return per_case, {
         "status": status,
         "factor": factor,
@@ -64,7 +67,62 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         "refusal_examples": refused[:3],
         "counts": _ordered_counts(counts),
         "note": note,
+        "smallest_margin": margin_line(margin) if margin else None,
     }
+
+
+def bound_points(gate_cases: dict[str, dict], rows: list[dict], factor: float) -> dict:
+    """The bound scatter's data: one point per (case, candidate, tensor) with a compute-error
+    judgement: x the reference's compute error, y the candidate's, [y_lo, y_hi] the interval
+    (lo, hi times x; ratio method only). A compute error of 0 (at the rounding level) is drawn at
+    `floor` (a tenth of the smallest positive one on the plot) and marked `clamped`; dtype is the
+    tensor's (the case's where the record has none). Tensors with a
+    bound but no judgement (NaN/Inf candidate, no common seed) are counted in `undrawn`."""
+    by_id = {r["id"]: r for r in rows}
+    points, undrawn = [], 0
+    for cid, cands in sorted(gate_cases.items()):
+        for cname, entry in sorted(cands.items()):
+            if cname == "refused":
+                continue
+            for name, t in (entry.get("tensors") or {}).items():
+                b = t.get("bound")
+                if not b:
+                    continue
+                j = b.get("compute")
+                if not j:
+                    undrawn += 1
+                    continue
+                x, y = j["c_reference"], j["c_candidate"]
+                ratio = j["method"] == "ratio"
+                m = margin_of(j)
+                points.append(
+                    {
+                        "n": by_id[cid]["n"],
+                        "case": cid,
+                        "candidate": cname,
+                        "tensor": name,
+                        "dtype": t.get("dtype") or by_id[cid]["dtype"],
+                        "verdict": t["verdict"],
+                        "method": j["method"],
+                        "x": x,
+                        "y": y,
+                        "y_lo": j["lo"] * x if ratio else None,
+                        "y_hi": j["hi"] * x if ratio else None,
+                        "ratio": j["ratio"],
+                        "lo": j["lo"],
+                        "hi": j["hi"],
+                        "seeds": j["seeds"],
+                        "margin": m and f"{m[0]} = {m[1]:.3g}",
+                    }
+                )
+    positive = [v for p in points for v in (p["x"], p["y"], p["y_lo"]) if v]
+    floor = min(positive) / 10 if positive else 1e-12
+    for p in points:
+        p["clamped"] = [k for k in ("x", "y") if not p[k] > floor]
+        for k in ("x", "y", "y_lo", "y_hi"):
+            if p[k] is not None:
+                p[k] = max(p[k], floor)
+    return {"points": points, "floor": floor, "undrawn": undrawn, "factor": factor, "edge": factor * (1 + MARGIN)}
 
 
 def _worst_tensor(tensors: dict) -> tuple[str | None, dict]:

@@ -226,6 +226,7 @@ def evaluate(
                     "rel_rms": ct.get("rel_rms"),
                     "max_abs": ct.get("max_abs"),
                     "tol": ct.get("tol"),
+                    "dtype": ct.get("dtype"),
                 }
                 verdict = ct["verdict"]
                 if verdict not in UNJUDGED and rt is not None and "rel_rms" in rt:

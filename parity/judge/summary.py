@@ -1,5 +1,5 @@
 """The gate's verdict as text: one line per failure, reference finding and unenforced bound,
-the TPU compile matrix, what was not seen, and PASS or FAIL."""
+the smallest margin to the bound, the TPU compile matrix, what was not seen, and PASS or FAIL."""
 
 from __future__ import annotations
 
@@ -80,8 +80,43 @@ def format_summary(result: dict) -> str:
         )
     if cov.get("ignored"):
         lines.append(f"  ignored: {cov['ignored']} records that no manifest lists")
+    m = smallest_margin(result["cases"])
+    if m:
+        lines.append(f"  {margin_line(m)}")
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
     return "\n".join(lines)
+
+
+def margin_of(j: dict) -> tuple[str, float] | None:
+    """(what, value) of a compute-error judgement (compute_error.judge): hi / factor for the ratio,
+    eps_candidate / limit for the rounding bound; above 1 is over the bound."""
+    if j.get("method") == "ratio" and j.get("hi") is not None and j["factor"] > 0:
+        return "hi/factor", j["hi"] / j["factor"]
+    if j.get("method") == "rounding" and j.get("limit"):
+        return "eps/limit", j["eps_candidate"] / j["limit"]
+    return None
+
+
+def smallest_margin(cases: list[dict]) -> dict | None:
+    """The bounded tensor of the gate's case entries whose margin_of is largest (closest to, or
+    furthest over, the bound): {case_id, candidate, tensor, what, value, seeds}, or None."""
+    best = None
+    for c in cases:
+        for name, t in (c.get("tensors") or {}).items():
+            j = (t.get("bound") or {}).get("compute") or {}
+            m = margin_of(j)
+            if m and (best is None or m[1] > best["value"]):
+                best = {"case_id": c["case_id"], "candidate": c["candidate"], "tensor": name, "what": m[0]}
+                best.update(value=m[1], seeds=j["seeds"])
+    return best
+
+
+def margin_line(m: dict) -> str:
+    """'smallest margin: hi/factor = 0.93 at CASE [candidate] tensor (3 seeds)'."""
+    return (
+        f"smallest margin: {m['what']} = {m['value']:.3g} at {m['case_id']} [{m['candidate']}] {m['tensor']} "
+        f"({m['seeds']} seed(s))"
+    )
 
 
 def format_compile_summary(c: dict) -> str:

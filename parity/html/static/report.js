@@ -508,6 +508,60 @@
     return Plotly.newPlot(div, traces, layout, PLOT_CONFIG);
   }
 
+  // the bound scatter on the summary: one trace per (verdict, dtype); a click opens the point's case
+  const BOUND_COLORS = { "pass": "#1a7f37", "fail-bound": "#cf222e", "fail-accuracy": "#cf222e", "nan-inf": "#cf222e", "inconclusive": "#bf8700" };
+  const DTYPE_SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x"];
+  function boundHover(p) {
+    const zero = k => p.clamped.includes(k) ? " (0: at the rounding level, drawn at the floor)" : "";
+    const lines = [`${p.case} [${p.candidate}] ${p.tensor}`, `verdict ${p.verdict}, ${p.dtype}, method ${p.method}`,
+      `reference compute error ${fmt(p.x)}${zero("x")}`, `candidate compute error ${fmt(p.y)}${zero("y")}`];
+    if (p.method === "ratio") lines.push(`ratio ${fmt(p.ratio)} [${fmt(p.lo)}, ${fmt(p.hi)}]`);
+    if (p.margin) lines.push(p.margin);
+    lines.push(`${p.seeds} seed(s)`);
+    return lines.map(plotText).join("<br>");
+  }
+  function drawBound() {
+    const div = document.getElementById("bound-scatter");
+    const b = data.bound;
+    if (!div || div.dataset.state || !b.points.length) return;
+    div.dataset.state = "loading";
+    loadPlotly().then(() => {
+      const dtypes = [...new Set(b.points.map(p => p.dtype))].sort();
+      const groups = new Map();
+      for (const p of b.points) {
+        const key = p.verdict + " " + p.dtype;
+        if (!groups.has(key)) groups.set(key, []);
+        groups.get(key).push(p);
+      }
+      const traces = [...groups.entries()].sort((a, b2) => rank(b2[1][0].verdict) - rank(a[1][0].verdict)).map(([key, ps]) => ({
+        type: "scatter", mode: "markers", name: plotText(key), x: ps.map(p => p.x), y: ps.map(p => p.y),
+        customdata: ps.map(p => p.n), text: ps.map(boundHover), hovertemplate: "%{text}<extra></extra>",
+        marker: { color: BOUND_COLORS[ps[0].verdict] || "#57606a", size: 8, opacity: 0.85,
+                  symbol: DTYPE_SYMBOLS[dtypes.indexOf(ps[0].dtype) % DTYPE_SYMBOLS.length] },
+        error_y: { type: "data", symmetric: false, visible: true, thickness: 1, width: 0,
+                   array: ps.map(p => p.y_hi === null ? 0 : p.y_hi - p.y), arrayminus: ps.map(p => p.y_lo === null ? 0 : p.y - p.y_lo) },
+      }));
+      const all = b.points.flatMap(p => [p.x, p.y, p.y_lo || p.y, p.y_hi || p.y]);
+      const lo = all.reduce((a, v) => Math.min(a, v), Infinity) / 2, hi = all.reduce((a, v) => Math.max(a, v), 0) * 2;
+      traces.push({ type: "scatter", mode: "lines", name: plotText(`bound y = ${b.factor} x`), x: [lo, hi],
+                    y: [b.factor * lo, b.factor * hi], line: { color: "#000" }, hoverinfo: "skip" });
+      traces.push({ type: "scatter", mode: "lines", name: plotText(`indifference edge y = ${fmt(b.edge)} x`), x: [lo, hi],
+                    y: [b.edge * lo, b.edge * hi], line: { color: "#000", dash: "dash" }, hoverinfo: "skip" });
+      return Plotly.newPlot(div, traces, {
+        xaxis: { title: { text: "reference's compute error" }, type: "log", exponentformat: "e" },
+        yaxis: { title: { text: "candidate's compute error" }, type: "log", exponentformat: "e" },
+        margin: { l: 70, r: 10, t: 10, b: 50 }, height: 420, hovermode: "closest",
+      }, PLOT_CONFIG).then(() => {
+        div.on("plotly_click", ev => { const pt = ev.points[0]; if (pt && pt.customdata !== undefined) location.hash = "#case=" + pt.customdata; });
+        div.dataset.points = String(b.points.length);
+        div.dataset.state = "ready";
+      });
+    }).catch(e => {
+      div.dataset.state = "error";
+      div.replaceChildren(el("p", { class: "warn" }, `plot unavailable: ${e.message || e}`));
+    });
+  }
+
   async function openCase(n) {
     summarySection.hidden = true;
     casesSection.hidden = true;
@@ -541,6 +595,7 @@
     summarySection.hidden = false;
     casesSection.hidden = false;
     detail.dataset.state = "";
+    drawBound();
   }
 
   function route() {
