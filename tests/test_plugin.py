@@ -21,7 +21,7 @@ import parity.execute.tpu_compile  # noqa: F401
 import parity.judge.gate  # noqa: F401
 import parity.records  # noqa: F401
 import parity.records.manifest  # noqa: F401
-from cases import get_suite, make_inputs
+from cases import OPS, get_suite, make_inputs
 from parity.execute.backends.oracle import cached_oracle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def test_options_are_in_a_parity_group_with_the_parity_prefix_and_markers_are_re
     "args, message",
     [
         (["--parity-suite", "nope"], "--parity-suite 'nope': expected one of ['smoke'"),
-        (["--parity-op", "mamba"], "--parity-op 'mamba': expected one of ['simple_gla', 'gla', 'kda']"),
+        (["--parity-op", "mamba"], f"--parity-op 'mamba': expected one of {list(OPS)}"),
         (["--parity-bound-factor", "nan"], "--parity-bound-factor 'nan': expected a finite number >= 0"),
         (["--parity-bound-factor", "-1"], "--parity-bound-factor '-1': expected a finite number >= 0"),
         (["--parity-backends", "oracle,cuda"], "--parity-backends 'oracle,cuda': expected a comma-separated list"),
