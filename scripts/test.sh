@@ -6,12 +6,19 @@
 # interpreters (-m interpret) under the TPU numerics model, each case's kernels compiled for
 # v5e, with the gate at session end. Any failing step fails the run. At the end it prints the
 # wall time of each phase; the per-test timings (JUnit XML) stay in $PARITY_TIMING
-# (default reports/timing) for `python benchmarks/profile_ci.py`.
+# (default reports/timing) for `python benchmarks/profile_ci.py`. jax's compilation cache lives for
+# the run only (a temporary directory, unless JAX_COMPILATION_CACHE_DIR is set).
 # Usage: bash scripts/test.sh [extra pytest args]
 t_start=$(date +%s.%N)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
 TIMING="${PARITY_TIMING:-reports/timing}"
+# one jax compilation cache for the run, shared by both passes and their workers: an interpret-mode
+# XLA:CPU program is compiled once per run (TPU compiles never go through it:
+# parity.execute.compile_log.for_tpu); a cache you set yourself is used instead and kept
+run_cache=$(mktemp -d)
+trap 'rm -rf "$run_cache"' EXIT
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$run_cache}"
 mkdir -p "$TIMING"
 T=$'\t'
 phases=("set-up (venv, packages, chromium)$T$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')")

@@ -151,6 +151,7 @@ def test_kernels_that_ask_the_tpu_who_it_is_compile_for_the_target(target):
     assert r["ok"] and "tpu_info_block" in r["kernels"], r.get("error")
     seen = tpu_candidates.SEEN[-1]
     assert not seen["optimisations_off"]  # a TPU compile runs at the compiler's defaults, whatever is set outside
+    assert not seen["persistent_cache"]  # nor through jax's persistent cache (compile_log.for_tpu)
     assert seen["chip_version"] == {"v5e": "v5e", "v6e": "v6e", "tpu7x": "7x"}[target]
     assert seen["block"] == (128 if target == "v5e" else 256) and seen["is_tpu_device"]
     with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):

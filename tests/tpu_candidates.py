@@ -11,7 +11,8 @@ kernel of their own computed, so they pass where chunk_simple_gla passes:
     tpu_info_block  reads pltpu.get_tpu_info() at trace time to choose its block (the MXU's
                     column size: 128 on v5e, 256 on v6e and TPU7x), as tpu-inference's GDN
                     kernels read num_lanes; what it read is appended to SEEN, with whether
-                    XLA's optimisations were off while it was traced (interpret mode: on)
+                    XLA's optimisations were off while it was traced (interpret mode: on) and
+                    whether jax's persistent compilation cache was on (a TPU compile: off)
 Dots the compiler keeps off the MXU (the TPU numerics model decides from the compile):
     rows_dot(n)     a Pallas kernel named f"rows_dot_{n}": x [M, K] against n rows y [n, K],
                     x @ y.T, float32 at DEFAULT precision. With n = 1 (a matrix times one
@@ -33,6 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_jax.common import mutation
 from kernels_jax.simple_gla import chunk_simple_gla
+from parity.execute import compile_log
 
 SEEN: list[dict] = []  # what tpu_info_block read at trace time, in this process
 
@@ -89,7 +91,8 @@ def tpu_info_block(q, k, v, **kw):
         {
             **seen,
             "is_tpu_device": pltpu.is_tpu_device(),
-            "optimisations_off": jax.config.read("jax_disable_most_optimizations"),
+            "optimisations_off": compile_log.read_flag("jax_disable_most_optimizations"),
+            "persistent_cache": compile_log.read_flag("jax_enable_compilation_cache"),
         }
     )
     spec = pl.BlockSpec((8, block), lambda i: (0, i))

@@ -12,7 +12,7 @@ off (jax_disable_most_optimizations: XLA's backend optimisation level 0), about 
 time for a third more execution time. The results move by an ulp or so in elementwise float32
 code (no reassociation either way; LLVM's contraction of multiply-adds differs), which emulates
 the TPU's vector unit no more and no less faithfully. The MXU model is unchanged: its passes'
-products are exact in float32. TPU compiles always run at the compiler's defaults."""
+products are exact in float32. TPU compiles always run at the compiler's defaults (`for_tpu`)."""
 
 from __future__ import annotations
 
@@ -58,11 +58,41 @@ def optimisation(disabled: bool):
     """Compiles inside: with most of XLA's optimisations off (`disabled`) or at its defaults;
     the setting before is restored on the way out. Programs stay compiled as they were: a jitted
     function reuses its executable whatever the setting when it is called again."""
+    with _jax_flags(jax_disable_most_optimizations=disabled):
+        yield
+
+
+@contextlib.contextmanager
+def for_tpu():
+    """TPU compiles inside: at the compiler's defaults, and past jax's persistent compilation
+    cache (scripts/test.sh gives each CI run one, for the XLA:CPU programs of interpret mode):
+    a compile-only TPU executable is not read back from it (jax warns and compiles again), and
+    one that were would come without the Mosaic dump the compile check reads."""
+    with _jax_flags(jax_disable_most_optimizations=False, jax_enable_compilation_cache=False):
+        yield
+
+
+@contextlib.contextmanager
+def _jax_flags(**flags):
+    """jax config flags set inside, restored on the way out."""
     import jax
 
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", disabled)
+    before = {k: read_flag(k) for k in flags}
+    for k, v in flags.items():
+        jax.config.update(k, v)
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", before)
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def read_flag(name: str):
+    """A jax config flag's value (a flag with a context manager of its own is an attribute of
+    jax.config; a plain one is read)."""
+    import jax
+
+    try:
+        return getattr(jax.config, name)
+    except AttributeError:
+        return jax.config.read(name)

@@ -168,7 +168,7 @@ def compile_program(
         out["device_kind"] = dev.device_kind
         program, args = program_and_args(jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
-        with context(), compile_for_tpu(), jax.default_device(dev), compile_log.optimisation(disabled=False):
+        with context(), compile_for_tpu(), jax.default_device(dev), compile_log.for_tpu():
             out["default_device"] = _default_device()
             traced = jax.jit(program).trace(*args)
             lowered = traced.lower()

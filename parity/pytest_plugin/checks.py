@@ -37,7 +37,8 @@ def _fmt(x) -> str:
 def explain(case, records: dict[str, dict], gate: dict | None) -> list[str]:
     """One paragraph per problem: tensor, both epsilons, tolerance, bound, worst element,
     where each side ran, and the command that reproduces just this case."""
-    from parity.measure.compare import describe_localisation  # late: numpy, only when parity tests run
+    # late: numpy and scipy, only when parity tests run
+    from parity.measure.compare import describe_localisation
     from parity.measure.compute_error import describe as describe_compute
 
     ref = records.get(REFERENCE)
