@@ -8,10 +8,28 @@ Tests compile their jax programs with most of XLA's optimisations off, as TPU in
 for the harness's own runs (parity.execute.compile_log.optimisation): the kernels the tests call
 directly compile in about half the time; TPU compiles keep the compiler's defaults regardless.
 Set before jax is imported (jax reads it then); spawned workers inherit it.
+
+Every test function runs with room on CPython's frame stack (parity.execute.stack_room): its
+speed does not depend on how deep pytest and xdist call it.
 """
 
+import functools
 import os
+
+import pytest
 
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 pytest_plugins = ["parity.pytest_plugin", "pytester"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    from parity.execute.stack_room import call_with_stack_room  # late: after jax's flag above
+
+    test = pyfuncitem.obj
+    pyfuncitem.obj = functools.partial(call_with_stack_room, test)
+    try:
+        return (yield)
+    finally:
+        pyfuncitem.obj = test
