@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -92,6 +93,50 @@ def test_pallas_candidate_without_mosaic_kernel_is_reported(tmp_path):
     assert tpu_compile.compile_case(interpret_left_on, case, "v5e", expect_mosaic=False)["ok"]
 
 
+CACHE_PROBE = """
+import json, os, pathlib, sys
+import jax, jax.numpy as jnp
+from cases import Case
+from parity.execute import tpu_compile
+from tests import tpu_candidates
+
+entries = lambda: len(list(pathlib.Path(os.environ["JAX_COMPILATION_CACHE_DIR"]).glob("*")))
+jax.jit(lambda x: x + 1)(jnp.ones(3))  # an XLA:CPU program first: jax decides it uses the cache
+counts = [entries()]
+case = Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig")
+ok = tpu_compile.compile_case(tpu_candidates.sign_1d, case, "v5e")["ok"]
+counts.append(entries())
+jax.jit(lambda x: x * 3)(jnp.ones(3))
+counts.append(entries())
+print(json.dumps({"ok": ok, "entries": counts}))
+"""
+
+
+@requires_libtpu
+def test_tpu_compiles_stay_out_of_the_persistent_cache_and_cpu_programs_go_in(tmp_path):
+    """With a run's persistent cache on (scripts/test.sh), a TPU compile writes nothing to it (a
+    compile-only executable cannot be read back: jax warns and compiles again) and XLA:CPU
+    programs before and after it are cached. In a fresh process: jax decides once per process
+    whether it uses the cache."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PLATFORMS": "cpu",
+    }
+    out = subprocess.run([sys.executable, "-c", CACHE_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    before, after_tpu, after_cpu = probe["entries"]
+    assert probe["ok"] and before >= 1, probe
+    assert after_tpu == before, probe  # the TPU compile wrote no entry
+    assert after_cpu > after_tpu, probe  # the cache still takes XLA:CPU programs
+    assert "Error reading persistent compilation cache" not in out.stderr
+
+
 def _suite_parts():
     """(suite, target, case id) parts CI compiles: every suite on v5e, full (realistic shapes) on
     every default target; one test per case and target, so that parallel workers share the load
@@ -151,7 +196,7 @@ def test_kernels_that_ask_the_tpu_who_it_is_compile_for_the_target(target):
     assert r["ok"] and "tpu_info_block" in r["kernels"], r.get("error")
     seen = tpu_candidates.SEEN[-1]
     assert not seen["optimisations_off"]  # a TPU compile runs at the compiler's defaults, whatever is set outside
-    assert not seen["persistent_cache"]  # nor through jax's persistent cache (compile_log.for_tpu)
+    assert not seen["cache_writes"]  # nor into jax's persistent cache (compile_log.for_tpu)
     assert seen["chip_version"] == {"v5e": "v5e", "v6e": "v6e", "tpu7x": "7x"}[target]
     assert seen["block"] == (128 if target == "v5e" else 256) and seen["is_tpu_device"]
     with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):

@@ -95,7 +95,7 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
         "block": 128,
         "is_tpu_device": True,
         "optimisations_off": True,  # interpret mode compiles for compile time (compile_log.optimisation)
-        "persistent_cache": True,  # jax's default: interpret-mode programs may come from a run's cache
+        "cache_writes": True,  # jax's default: interpret-mode programs may go to a run's cache
     }
     assert ex.notes["interpret_compile"] == compile_log.INTERPRET_EFFORT
     _cpu_answers()

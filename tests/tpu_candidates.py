@@ -12,7 +12,8 @@ kernel of their own computed, so they pass where chunk_simple_gla passes:
                     column size: 128 on v5e, 256 on v6e and TPU7x), as tpu-inference's GDN
                     kernels read num_lanes; what it read is appended to SEEN, with whether
                     XLA's optimisations were off while it was traced (interpret mode: on) and
-                    whether jax's persistent compilation cache was on (a TPU compile: off)
+                    whether a compile there could go to jax's persistent compilation cache
+                    (a TPU compile: no)
 Dots the compiler keeps off the MXU (the TPU numerics model decides from the compile):
     rows_dot(n)     a Pallas kernel named f"rows_dot_{n}": x [M, K] against n rows y [n, K],
                     x @ y.T, float32 at DEFAULT precision. With n = 1 (a matrix times one
@@ -92,7 +93,8 @@ def tpu_info_block(q, k, v, **kw):
             **seen,
             "is_tpu_device": pltpu.is_tpu_device(),
             "optimisations_off": compile_log.read_flag("jax_disable_most_optimizations"),
-            "persistent_cache": compile_log.read_flag("jax_enable_compilation_cache"),
+            "cache_writes": compile_log.read_flag("jax_persistent_cache_min_compile_time_secs")
+            < compile_log.NEVER_CACHED_S,
         }
     )
     spec = pl.BlockSpec((8, block), lambda i: (0, i))

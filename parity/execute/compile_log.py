@@ -62,12 +62,19 @@ def optimisation(disabled: bool):
         yield
 
 
+NEVER_CACHED_S = 1e12  # jax writes a compile that took at least this long to its persistent cache
+
+
 @contextlib.contextmanager
 def for_tpu():
-    """TPU compiles inside: at the compiler's defaults, and past jax's persistent compilation
-    cache (scripts/test.sh gives each CI run one, for the XLA:CPU programs of interpret mode):
-    a compile-only TPU executable is not read back from it (jax warns and compiles again), and
-    one that were would come without the Mosaic dump the compile check reads."""
+    """TPU compiles inside: at the compiler's defaults, and never written to jax's persistent
+    compilation cache (scripts/test.sh gives each CI run one, for the XLA:CPU programs of
+    interpret mode): a compile-only TPU executable is not read back from it (jax warns and
+    compiles again), and one that were would come without the Mosaic dump the compile check
+    reads. Not by turning the cache off: jax decides once per process whether it uses the cache
+    (at its first compile), so a flag set here would either do nothing or, before the first
+    compile, keep every later interpret-mode program out of the cache; a minimum compile time
+    no compile reaches keeps TPU executables out of it, and without them a lookup finds none."""
     with _jax_flags(jax_disable_most_optimizations=False, jax_enable_compilation_cache=False):
         yield
 
