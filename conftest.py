@@ -25,7 +25,8 @@ pytest_plugins = ["parity.pytest_plugin", "pytester"]
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    from parity.execute.stack_room import call_with_stack_room  # late: after jax's flag above
+    # late: this file sets jax's flag above before any harness module is imported
+    from parity.execute.stack_room import call_with_stack_room
 
     test = pyfuncitem.obj
     pyfuncitem.obj = functools.partial(call_with_stack_room, test)

@@ -7,6 +7,7 @@
     runner.py           `run_cases`: cases over workers, timeouts, signals, manifests (`parity run`)
     tpu_compile.py      the real TPU compiler on this machine: compile a case for TPU targets
     mosaic_llo.py       Mosaic's lowered (LLO) module read, and checked against the TPU numerics model
+    stack_room.py       calls with room on CPython's frame stack: as fast at any depth of the caller
 
 Imports: model, measure, records, mutants; the foundations (cases, references, kernels_jax).
 """
