@@ -157,7 +157,7 @@ def gdn_v2(dtype, T=256, n_kq=2, n_v=4, d=128):
     def program(qkv, b, a, state, a_log, dt_bias):
         loc = jnp.asarray([0, T // 2, T], jnp.int32)
         idx = jnp.arange(2, dtype=jnp.int32)
-        dist = jnp.asarray([0, T, T], jnp.int32)
+        dist = jnp.asarray([0, 2, 2], jnp.int32)  # (decode_end, prefill_end, mixed_end): request counts
         return v2.recurrent_scan(qkv, b, a, state, a_log, dt_bias, loc, idx, dist, n_kq=n_kq, n_v=n_v, d_k=d, d_v=d)
 
     f32 = "float32"
