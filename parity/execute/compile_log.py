@@ -75,7 +75,7 @@ def for_tpu():
     (at its first compile), so a flag set here would either do nothing or, before the first
     compile, keep every later interpret-mode program out of the cache; a minimum compile time
     no compile reaches keeps TPU executables out of it, and without them a lookup finds none."""
-    with _jax_flags(jax_disable_most_optimizations=False, jax_enable_compilation_cache=False):
+    with _jax_flags(jax_disable_most_optimizations=False, jax_persistent_cache_min_compile_time_secs=NEVER_CACHED_S):
         yield
 
 
