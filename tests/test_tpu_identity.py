@@ -177,8 +177,9 @@ class _Config:
 
 
 def test_the_pytest_option_is_exported_for_the_session_or_refused(monkeypatch):
-    monkeypatch.delenv(tpu_identity.ENV, raising=False)
-    monkeypatch.delenv(tpu_identity.SOURCE_ENV, raising=False)
+    for name in (tpu_identity.ENV, tpu_identity.SOURCE_ENV):
+        monkeypatch.setenv(name, "")  # recorded as unset before, so the export below is undone after the test
+        monkeypatch.delenv(name)
     export_interpret_as(_Config(parity_tpu_interpret_as="v6e", parity_tpu_targets="none"))
     assert tpu_identity.interpret_target() == ("v6e", "--parity-tpu-interpret-as")
     with pytest.raises(pytest.UsageError, match=r"--parity-tpu-interpret-as 'v9': expected one of \['v4'"):
