@@ -85,13 +85,14 @@ GDN = EXAMPLES / "tpu_inference_gdn"
 
 
 def test_tpu_inference_gdn_kernels_run_as_a_forward_only_candidate_as_a_user_would(tmp_path):
-    """examples/tpu_inference_gdn: tpu-inference 0.32.0's fused_gdn (v1) and recurrent_scan (v2),
-    installed from the registry without vLLM (scripts/env.sh), through their adapter, outside this
-    checkout: they compile for v5e with the numerics model agreeing on their kernels (v1's decode
-    and recurrent, v2's fused_kernel), run in interpret mode, are judged on o and the final state
-    (v1's gradients not judged; v2, op gdn only, unsupported on the kda cases), and their float32
-    o fails the bound against FLA (DEFAULT float32 dots, one bf16 MXU pass: v1 ~2.4e-3, v2 ~1.5e-3
-    on the gdn case, vs FLA's ~8e-4)."""
+    """examples/tpu_inference_gdn: tpu-inference 0.32.0's fused_gdn (v1), recurrent_scan (v2) and
+    fused_conv1d_gdn (v3), installed from the registry without vLLM (scripts/env.sh), through their
+    adapter, outside this checkout: they compile for v5e with the numerics model agreeing on their
+    kernels (v1's decode and recurrent, v2's fused_kernel, v3's batched and per_seq), run in
+    interpret mode, are judged on o and the final state (v1's gradients not judged; v2 and v3, op
+    gdn only, unsupported on the kda cases), and their float32 o fails the bound against FLA
+    (DEFAULT float32 dots, one bf16 MXU pass: v1 ~2.4e-3, v2 ~1.5e-3, v3 ~2.4e-3 on the gdn case,
+    vs FLA's ~8e-4)."""
     repo = tmp_path / "gdn"
     shutil.copytree(GDN, repo)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PARITY_RUN_ID")}
@@ -99,18 +100,25 @@ def test_tpu_inference_gdn_kernels_run_as_a_forward_only_candidate_as_a_user_wou
     p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
     assert p.returncode == 1 and "3 failed" in out, out[-4000:]
-    assert "gate: 6 case/candidate pairs, bound factor 1.0: 4 fail-bound, 2 unsupported" in out, out[-4000:]
+    assert "gate: 9 case/candidate pairs, bound factor 1.0: 5 fail-bound, 4 unsupported" in out, out[-4000:]
     assert "[v1] dq: not-judged" in out  # neither judged, passed nor unsupported
     assert "-lens1_1_22 [v1] o: fail-bound" in out and "-g_logsig-h0-ht [v1] o: fail-bound" in out
     assert "not judged (forward-only candidates, backward not run): 6 tensors of 1 case/candidate pairs" in out
-    # v2 declines the kda cases (its gate is per head) and nothing else
-    assert "unsupported: 2 (case, candidate, tensor) entries" in out, out[-4000:]
-    assert out.count("[v2]  recurrent_scan takes a per-head gate (op gdn): not kda") == 2, out[-4000:]
+    # v2 and v3 decline the kda cases (their gate is per head) and nothing else
+    assert "unsupported: 4 (case, candidate, tensor) entries" in out, out[-4000:]
     gdn = "gdn-fwd-B1-T16-H1-K128-V128-fp32-C16-g_logsig-HV2-h0-ht-lens1_15"  # decode, prefill, HV = 2 H
     assert f"{gdn} [v2] o: fail-bound" in out and f"{gdn} [v2] ht: fail-bound" in out, out[-4000:]
+    assert f"{gdn} [v3] o: fail-bound" in out and f"{gdn} [v3] ht: fail-bound" in out, out[-4000:]
     assert f"{gdn} [v1] o: fail-bound" in out
-    assert "4 case/candidate pairs, 4 ok, 0 failed; v5e 4 ok/0 failed" in out  # compiles, model agrees
+    assert "5 case/candidate pairs, 5 ok, 0 failed; v5e 5 ok/0 failed" in out  # compiles, model agrees
     reports = repo / "reports" / "pytest"
+    unsupported = json.loads((reports / "gate.json").read_text())["unsupported"]  # all 4, not 3 e.g.
+    assert sorted((u["case_id"][:3], u["candidate"], u["detail"]) for u in unsupported) == [
+        ("kda", "v2", "recurrent_scan takes a per-head gate (op gdn): not kda"),
+        ("kda", "v2", "recurrent_scan takes a per-head gate (op gdn): not kda"),
+        ("kda", "v3", "fused_conv1d_gdn takes a per-head gate (op gdn): not kda"),
+        ("kda", "v3", "fused_conv1d_gdn takes a per-head gate (op gdn): not kda"),
+    ], unsupported
     rec = json.loads(
         (reports / "v1" / "kda-fwd-B1-T24-H1-K128-V128-fp32-C64-g_logsig-h0-ht-lens1_1_22.compile.json").read_text()
     )
@@ -122,4 +130,10 @@ def test_tpu_inference_gdn_kernels_run_as_a_forward_only_candidate_as_a_user_wou
     kernels = rec["targets"]["v5e"]["numerics"]["kernels"]
     assert set(kernels) == {"fused_kernel"} and kernels["fused_kernel"]["agree"], kernels
     rec = json.loads((reports / "v2" / f"{gdn}.json").read_text())
+    assert set(rec["tensors"]) == {"o", "ht"} and all(1e-4 < t["rel_rms"] < 1e-2 for t in rec["tensors"].values())
+    rec = json.loads((reports / "v3" / f"{gdn}.compile.json").read_text())
+    kernels = rec["targets"]["v5e"]["numerics"]["kernels"]
+    assert set(kernels) == {"fused_conv1d_gdn_batched", "fused_conv1d_gdn_per_seq"}, kernels
+    assert all(k["agree"] for k in kernels.values()), kernels
+    rec = json.loads((reports / "v3" / f"{gdn}.json").read_text())
     assert set(rec["tensors"]) == {"o", "ht"} and all(1e-4 < t["rel_rms"] < 1e-2 for t in rec["tensors"].values())

@@ -22,19 +22,20 @@ dt_bias, a gate, SiLU and L2 norm inside) is `recurrent_scan_v2` below, through 
 pre-images, float32 only (its docstring). The kernels have no backward: the candidates are
 forward-only (`forward_only = True`), judged on (o, final state) of every case.
 
-v3 (`v3.wrapper.fused_conv1d_gdn`) is not a candidate: it computes a causal conv1d of the mixed
-qkv, then SiLU of the conv's output (v3/wrapper.py:110-111, `qkv_out_compact =
-jax.nn.silu(qkv_out_compact)`, unconditional), then GDN. The conv alone could be an exact
-identity (weights [dim, 1, width] that select the current token, conv_bias None: it runs in
-float32, wrapper.py:86-94), but the SiLU after it cannot: the harness's gdn op has no
-activation, values below SiLU's minimum (-0.278) have no pre-image at all, and in floating point
-the pre-image of the others comes back through SiLU only approximately, so no input makes v3
-compute GDN on the case's q, k, v exactly. v2 applies the same SiLU, and runs here only through
-computed pre-images of power-of-two-scaled inputs (back to 2.5e-7 in float32, not exactly); v3
-would need the same, which this adapter does not add.
+v3 (`v3.wrapper.fused_conv1d_gdn`) is `fused_conv1d_gdn_v3` below: it computes a causal conv1d
+of the mixed qkv, then SiLU of the conv's output (v3/wrapper.py:110-111, `qkv_out_compact =
+jax.nn.silu(qkv_out_compact)`, unconditional), then GDN as v2 does. The conv is made an exact
+identity: weights [dim, 1, width] that select the current token (1 at the last tap, 0 at the
+others), conv_bias None and a zero conv state, so no earlier token enters; it runs in float32
+(wrapper.py:86-94), where 0 * x + ... + 1 * x is x exactly. The SiLU after it gets the same
+pre-images as v2 (`silu_inputs`, shared by both): they come back through SiLU to float32's
+accuracy, not exactly, so v3 too is float32 only. Its prefill runs in tiles of one token (the
+kernel's recurrent path): its chunked path cannot run in jax's TPU interpret mode (notes above
+`PREFILL_TILE`).
 
     parity run --suite ci --backends oracle,fla --candidate v1=pallas:gdn_adapter:fused_gdn_v1 \
-        --candidate v2=pallas:gdn_adapter:recurrent_scan_v2 ...
+        --candidate v2=pallas:gdn_adapter:recurrent_scan_v2 \
+        --candidate v3=pallas:gdn_adapter:fused_conv1d_gdn_v3 ...
 """
 
 from __future__ import annotations
@@ -193,6 +194,55 @@ def _raw_gate(g):
     return x + jnp.log(-jnp.expm1(-x))
 
 
+@dataclasses.dataclass(frozen=True)
+class SiluInputs:
+    """The gdn case's inputs as a kernel that applies SiLU to its mixed qkv takes them (v2 and
+    v3): `silu_inputs` below. The kernel's o and final state come back through `output`."""
+
+    mixed: jax.Array  # [B * T, 2 * H * K + HV * V] float32: SiLU pre-images of (q, k, v), scaled
+    b: jax.Array  # [B * T, HV] logit(beta)
+    a: jax.Array  # [B * T, HV] softplus^-1(-g), for A_log = 0 and dt_bias = 0
+    state: jax.Array  # [N, HV, K, V] the initial state (or zeros) times v_scale
+    v_scale: jax.Array  # the power of two v and the state are scaled by
+
+    def output(self, p: Packed, o, new_state, v, scale, output_final_state):
+        """The kernel's o [B * T, HV, V] and final state [N, HV, K, V] scaled back by v_scale,
+        exactly, o times scale * K ** 0.5 where the case's scale is not K ** -0.5 (o is linear in
+        q; the kernels scale q by K ** -0.5 themselves), in the harness's layout."""
+        K = new_state.shape[-2]
+        o = p.unpack(o.reshape(p.B * p.T, *v.shape[2:])) / self.v_scale
+        if scale is not None and scale != K**-0.5:
+            o = o * (scale * K**0.5)
+        return o.astype(v.dtype), (new_state / self.v_scale if output_final_state else None)
+
+
+def silu_inputs(p: Packed, q, k, v, g, beta, initial_state) -> SiluInputs:
+    """What a kernel computing GDN on (l2norm(silu(x_q)), l2norm(silu(x_k)), silu(x_v)) of its
+    mixed qkv x, with q scaled by K ** -0.5, gate -exp(A_log) * softplus(a + dt_bias) and beta
+    sigmoid(b), is handed (v2 and v3):
+      x_q, x_k  pre-images of 2^n q, 2^n k, each row's largest 2^n <= 1 that keeps its entries
+                >= -0.25 (q, k are unit vectors: n >= -2): the kernel's L2 norm takes the 2^n
+                out again, up to its eps (relative 1e-6 / 2^(2n+1) <= 8e-6);
+      x_v       the pre-image of 2^m v, one 2^m for the tensor; the initial state is scaled by
+                2^m too and o and the final state by 2^-m, exactly (both are linear in (v, h0));
+      a         softplus^-1(-g), with A_log = 0 and dt_bias = 0; b = logit(beta).
+    The pre-images come back through SiLU to float32's accuracy (2.5e-7 relative at most), not
+    exactly: float32 only (`supports_v2`, `supports_v3`)."""
+    H, K = q.shape[2], q.shape[3]
+    HV, V = v.shape[2], v.shape[3]
+    qk_scale = _pow2_scale(jnp.concatenate([q, k], axis=-1), axis=-1)  # [B, T, H, 1], for both
+    v_scale = _pow2_scale(v)
+    mixed = [_silu_preimage(x * qk_scale).reshape(p.B * p.T, H * K) for x in (q, k)]
+    mixed = jnp.concatenate([*mixed, _silu_preimage(v * v_scale).reshape(p.B * p.T, HV * V)], axis=-1)
+    return SiluInputs(
+        mixed.astype(q.dtype),
+        p.pack(_raw_beta(beta)),
+        p.pack(_raw_gate(g)),
+        p.state(initial_state, v, K) * v_scale,
+        v_scale,
+    )
+
+
 def recurrent_scan_v2(
     q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, chunk_size=128
 ):
@@ -200,32 +250,19 @@ def recurrent_scan_v2(
     harness's gdn convention: q, k [B, T, H, K] L2-normalised; v [B, T, HV, V]; g, beta [B, T, HV].
 
     What the kernel computes on its mixed qkv x is GDN on (l2norm(silu(x_q)), l2norm(silu(x_k)),
-    silu(x_v)) with q scaled by K ** -0.5 (notes above `SILU_FLOOR`). The adapter hands it:
-      x_q, x_k  pre-images of 2^n q, 2^n k, each row's largest 2^n <= 1 that keeps its entries
-                >= -0.25 (q, k are unit vectors: n >= -2): the kernel's L2 norm takes the 2^n
-                out again, up to its eps (relative 1e-6 / 2^(2n+1) <= 8e-6);
-      x_v       the pre-image of 2^m v, one 2^m for the tensor; the initial state is scaled by
-                2^m too and o and the final state by 2^-m, exactly (both are linear in (v, h0));
-      a         softplus^-1(-g), with A_log = 0 and dt_bias = 0; b = logit(beta);
-      o         times scale * K ** 0.5 where the case's scale is not K ** -0.5 (o is linear in q);
-      chunk_size  the case's, as both its prefill chunk and decode block (BT), as tpu-inference's
-                own caller does (reference/ragged_gated_delta_rule_wrapper.py: chunk_size=BT).
-    The pre-images come back through SiLU to float32's accuracy (2.5e-7 relative at most), not
-    exactly: float32 only (`supports_v2`)."""
+    silu(x_v)) with q scaled by K ** -0.5 (notes above `SILU_FLOOR`): it gets `silu_inputs`, and
+    chunk_size  the case's, as both its prefill chunk and decode block (BT), as tpu-inference's
+                own caller does (reference/ragged_gated_delta_rule_wrapper.py: chunk_size=BT)."""
     scan = load("kernels.gdn.v2.recurrent_scan_v2")
     p = Packed.of(q, cu_seqlens)
+    x = silu_inputs(p, q, k, v, g, beta, initial_state)
     H, K = q.shape[2], q.shape[3]
     HV, V = v.shape[2], v.shape[3]
-    qk_scale = _pow2_scale(jnp.concatenate([q, k], axis=-1), axis=-1)  # [B, T, H, 1], for both
-    v_scale = _pow2_scale(v)
-    mixed = [_silu_preimage(x * qk_scale).reshape(p.B * p.T, H * K) for x in (q, k)]
-    mixed = jnp.concatenate([*mixed, _silu_preimage(v * v_scale).reshape(p.B * p.T, HV * V)], axis=-1)
-    has_h0 = initial_state is not None
     new_state, o = scan.recurrent_scan(
-        mixed.astype(q.dtype),
-        p.pack(_raw_beta(beta)),
-        p.pack(_raw_gate(g)),
-        p.state(initial_state, v, K) * v_scale,
+        x.mixed,
+        x.b,
+        x.a,
+        x.state,
         jnp.zeros((HV,), jnp.float32),  # A_log: exp(0) = 1
         jnp.zeros((HV,), jnp.float32),  # dt_bias
         jnp.asarray(p.cu_seqlens),
@@ -237,35 +274,40 @@ def recurrent_scan_v2(
         d_v=V,
         chunk_size=chunk_size,
         BT=chunk_size,
-        has_initial_state=jnp.full((p.N,), has_h0, jnp.int32),
+        has_initial_state=jnp.full((p.N,), initial_state is not None, jnp.int32),
     )
-    o = p.unpack(o.reshape(p.B * p.T, HV, V)) / v_scale
-    if scale is not None and scale != K**-0.5:
-        o = o * (scale * K**0.5)
-    return o.astype(v.dtype), (new_state / v_scale if output_final_state else None)
+    return x.output(p, o, new_state, v, scale, output_final_state)
+
+
+def _silu_kernel_unsupported(case, name: str) -> str | None:
+    """What a kernel fed `silu_inputs` (v2, v3) cannot run: other ops than gdn (a per-head gate),
+    dtypes other than float32 (the SiLU pre-images), HV not a multiple of H (it repeats the q, k
+    heads), K or V not multiples of the lanes (mixed qkv is split at lane offsets H * K,
+    2 * H * K); None when it can."""
+    if case.op != "gdn":
+        return f"{name} takes a per-head gate (op gdn): not {case.op}"
+    if case.dtype != "float32":
+        return (
+            f"{name} applies SiLU to its q, k, v inputs; the adapter passes SiLU pre-images, "
+            f"which only float32 carries back to the case's inputs (to 2.5e-7): not {case.dtype}"
+        )
+    if case.value_heads % case.H:
+        return f"{name} needs H_v a multiple of H: H={case.H}, H_v={case.value_heads}"
+    if case.K % LANES or case.V % LANES:
+        return f"{name} splits mixed qkv at multiples of K, V: needs multiples of {LANES}, K={case.K}, V={case.V}"
+    return None
 
 
 def supports_v2(case) -> bool | str:
-    """What recurrent_scan runs: GDN (a per-head gate: op gdn) in float32 (the SiLU pre-images,
-    recurrent_scan_v2's docstring), HV a multiple of H (it repeats q, k heads: repeat_factor) and
-    at most 128 (b and a are padded to 128 lanes), K and V multiples of the lanes (mixed qkv is
-    split at lane offsets H * K, 2 * H * K; it validates nothing itself), a chunk size that is a
-    multiple of 16 (invert_triangular_matrix's blocks: it would drop the remainder), a log gate
-    above -100 (it clamps there)."""
-    if case.op != "gdn":
-        return f"recurrent_scan takes a per-head gate (op gdn): not {case.op}"
-    if case.dtype != "float32":
-        return (
-            "recurrent_scan applies SiLU to its q, k, v inputs; the adapter passes SiLU pre-images, "
-            f"which only float32 carries back to the case's inputs (to 2.5e-7): not {case.dtype}"
-        )
-    HV = case.value_heads
-    if HV % case.H or HV > LANES:
-        return f"recurrent_scan needs H_v a multiple of H and at most {LANES}: H={case.H}, H_v={HV}"
-    if case.K % LANES or case.V % LANES:
-        return (
-            f"recurrent_scan splits mixed qkv at multiples of K, V: needs multiples of {LANES}, K={case.K}, V={case.V}"
-        )
+    """What recurrent_scan runs (`_silu_kernel_unsupported`; it validates nothing itself), and HV
+    at most 128 (b and a are padded to 128 lanes), a chunk size that is a multiple of 16
+    (invert_triangular_matrix's blocks: it would drop the remainder), a log gate above -100 (it
+    clamps there)."""
+    why = _silu_kernel_unsupported(case, "recurrent_scan")
+    if why:
+        return why
+    if case.value_heads > LANES:
+        return f"recurrent_scan needs H_v at most {LANES}: H_v={case.value_heads}"
     if case.chunk_size % 16:
         return f"recurrent_scan inverts its chunk's triangular matrix in blocks of 16: chunk size {case.chunk_size}"
     if case.gate == "g_stress" and 1.5 * case.gate_kwargs["mag"] > -G_FLOOR:
@@ -275,3 +317,77 @@ def supports_v2(case) -> bool | str:
 
 recurrent_scan_v2.forward_only = True
 recurrent_scan_v2.supports = supports_v2
+
+
+# v3: v3.wrapper.fused_conv1d_gdn, the causal conv1d of Qwen3-Next's layer fused with GDN. Per
+# token it computes out = sum_j qkv[t - width + 1 + j] * w[:, 0, j] (+ bias) over the conv state
+# (the sequence's previous width - 1 tokens, read only when seq_lens exceeds the query's length)
+# followed by its tokens, in float32 (compute_conv1d.py:36-45, wrapper.py:86-94), then SiLU of
+# the whole conv output (wrapper.py:110-111, unconditional), then GDN as v2: L2 norm of q and k
+# (eps 1e-6 under the root), q times d_k ** -0.5, gate -exp(A_log) * softplus(a + dt_bias) (no
+# clamp), beta = sigmoid(b) (compute_gdn.py:295-303, :447-455). The adapter gives it the identity
+# conv: w[:, 0, -1] = 1 and 0 elsewhere, no bias, a zero conv state, so out = 0 + 0 + ... + x
+# = x exactly, and v2's SiLU pre-images.
+#
+# Its prefill tile (mixed_tile_size, the chunk of its per-sequence kernel) is 1 here: a tile of
+# one token takes the kernel's recurrent GDN path (config.py:87-93, use_recurrent when the chunk
+# is 1), as its decode kernel does; a longer tile takes the chunked path, whose loads reshape a
+# VMEM ref (vmem_ldst.py:47, :129, `qkv_vmem_ref.reshape(-1, num_lanes)`), which jax 0.10.2's TPU
+# interpret mode cannot read through (interpret/utils.py to_range: "'ReshapeTransform' object
+# has no attribute 'indices'"), so without a TPU it cannot run. The chunked path (the one
+# tpu-inference runs for prefill, mixed_tile_size 64) is therefore neither run nor compiled here.
+PREFILL_TILE = 1
+CONV_WIDTH = 4  # Qwen3-Next's conv width, as tpu-inference runs it; any width >= 2 is as exact
+
+
+def fused_conv1d_gdn_v3(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """tpu-inference v3 `fused_conv1d_gdn` (a batched decode kernel, then a per-sequence prefill
+    kernel; conv1d, SiLU and GDN fused) in the harness's gdn convention, shapes as
+    `recurrent_scan_v2`. It gets the identity conv and a prefill tile of 1 (notes above
+    `PREFILL_TILE`) and `silu_inputs`; its state caches have a null slot 0, so request i uses
+    slot i + 1; seq_lens is the query's length, plus one where there is an initial state (it
+    reads the recurrent and conv states only where seq_lens exceeds the query's length,
+    metadata.py:48, :130)."""
+    v3 = load("kernels.gdn.v3.wrapper")
+    p = Packed.of(q, cu_seqlens)
+    x = silu_inputs(p, q, k, v, g, beta, initial_state)
+    H, K = q.shape[2], q.shape[3]
+    HV, V = v.shape[2], v.shape[3]
+    dim = x.mixed.shape[-1]
+    weight = jnp.zeros((dim, 1, CONV_WIDTH), jnp.float32).at[:, 0, -1].set(1.0)
+    lens = np.diff(p.cu_seqlens)
+    slots = p.state_indices() + 1
+    (_, new_state), o = v3.fused_conv1d_gdn(
+        x.mixed,
+        x.b,
+        x.a,
+        jnp.zeros((p.N + 1, CONV_WIDTH - 1, dim), jnp.float32),
+        jnp.concatenate([jnp.zeros_like(x.state[:1]), x.state]),
+        weight,
+        None,
+        jnp.zeros((HV,), jnp.float32),  # A_log: exp(0) = 1
+        jnp.zeros((HV,), jnp.float32),  # dt_bias
+        jnp.asarray(p.cu_seqlens),
+        slots,
+        jnp.asarray([p.decode_requests(), p.N, p.N], jnp.int32),  # (decode_end, prefill_end, mixed_end)
+        jnp.asarray(lens + (initial_state is not None), jnp.int32),
+        slots,  # read_state_indices: no prefix caching
+        n_kq=H,
+        n_v=HV,
+        d_k=K,
+        d_v=V,
+        kernel_size=CONV_WIDTH,
+        mixed_tile_size=PREFILL_TILE,
+    )
+    return x.output(p, o, new_state[1:], v, scale, output_final_state)
+
+
+def supports_v3(case) -> bool | str:
+    """What fused_conv1d_gdn runs (`_silu_kernel_unsupported`; it validates only shapes itself).
+    Nothing more: it pads b and a to the lanes (any H_v), does not clamp its gate, and its tiles of
+    one token have no chunk-size constraint (the chunked path's blocks of 16 are not taken)."""
+    return _silu_kernel_unsupported(case, "fused_conv1d_gdn") or True
+
+
+fused_conv1d_gdn_v3.forward_only = True
+fused_conv1d_gdn_v3.supports = supports_v3
