@@ -20,7 +20,6 @@ from cases import Case, input_hash, make_inputs, seed_at
 from parity.execute import tpu_identity
 from parity.execute.backends import BackendResult, as_spec, execute, make_backend
 from parity.execute.backends.oracle import cached_oracle
-from parity.execute.stack_room import call_with_stack_room
 from parity.execute.tpu_compile import compile_for_targets
 from parity.measure import tpu_numerics
 from parity.measure.compare import bound, compare_tensor
@@ -155,7 +154,7 @@ def compile_then_execute(case, spec, backend, inputs, tpu_targets, out_dir, run_
     crec, error = None, None
     if spec.side == "candidate" and tpu_targets:
         try:
-            crec = call_with_stack_room(compile_for_targets, case, spec, backend, tpu_targets, out_dir, run_id)
+            crec = compile_for_targets(case, spec, backend, tpu_targets, out_dir, run_id)
         except Exception:  # noqa: BLE001 - a compile-check bug must not lose the run
             error = traceback.format_exc(limit=-4)
     with _numerics_decided(crec):

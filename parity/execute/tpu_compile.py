@@ -67,6 +67,7 @@ from parity.execute.mosaic_llo import (
     parse_llo,
     vmem_failure,
 )
+from parity.execute.stack_room import call_with_stack_room
 from parity.measure import tpu_numerics
 from parity.model.host import libtpu_version, tpu_attached
 from parity.model.spec import Unsupported, as_spec
@@ -155,6 +156,14 @@ def compile_program(
     args the program's positional arguments as ShapeDtypeStructs on `sharding` (the target's
     compile-only device). Used for cases (compile_case) and for kernels outside the registry
     (benchmarks/numerics_corpus.py)."""
+    # tracing and lowering are deep Python: as fast at any depth of the caller
+    return call_with_stack_room(
+        _compile_program, program_and_args, target, context=context, expect_mosaic=expect_mosaic, compiled=compiled
+    )
+
+
+def _compile_program(program_and_args, target, *, context, expect_mosaic, compiled) -> dict:
+    """compile_program's work (its docstring)."""
     # late: jax and kernels_jax.common.platform (which imports jax) are heavy; the runner imports this module
     import jax
 
