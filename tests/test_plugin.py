@@ -23,6 +23,7 @@ import parity.records  # noqa: F401
 import parity.records.manifest  # noqa: F401
 from cases import OPS, get_suite, make_inputs
 from parity.execute.backends.oracle import cached_oracle
+from parity.records import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "simple_gla-fwd-B1-T96-H2-K64-V64-fp32-C64-g_stress"  # a smoke case, forward only
@@ -175,6 +176,14 @@ def test_the_session_gate_bounds_what_has_both_sides_and_leaves_one_side_to_pari
     assert ok is False and "gate: FAIL" in text  # 3x the reference's error breaks the bound
     assert session_gate(tmp_path / "both", "test", 3.5)[1] is True
     assert session_gate(tmp_path / "both", "another-session", 1.0) == ("", None)
+    # an earlier session's record of an older schema in the same report dir is not this session's
+    old = {**ref, "schema": SCHEMA_VERSION - 1, "run_id": "an-older-session", "case_id": "x"}
+    (tmp_path / "both" / "fla" / "older.json").write_text(json.dumps(old))
+    assert session_gate(tmp_path / "both", "test", 3.5)[1] is True
+    # this session's own unreadable record is refused in one line, never a pass
+    (tmp_path / "both" / "fla" / "mine.json").write_text(json.dumps({**old, "run_id": "test"}))
+    text, ok = session_gate(tmp_path / "both", "test", 3.5)
+    assert ok is False and text.startswith("parity gate: refused:") and "schema" in text
 
 
 def _pytest(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:

@@ -54,16 +54,17 @@ def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, boo
     machines' directories: ok None, as when the session wrote nothing (text '')."""
     # late: the harness, only when the session wrote under the report dir
     from parity.judge.gate import GateRefusal, evaluate, format_summary
-    from parity.records import iter_results, write_json
+    from parity.records import RecordError, iter_results, write_json
 
     by_case: dict = defaultdict(dict)
     compiles: dict = defaultdict(dict)
-    for _, rec in iter_results([report_dir]):
-        if rec.get("run_id") == run_id:
+    try:
+        for _, rec in iter_results([report_dir], run_id=run_id):  # earlier sessions' records are not read
             by_case[rec["case_id"]][rec["backend"]] = rec
-    for _, rec in iter_results([report_dir], kind="compile"):
-        if rec.get("run_id") == run_id:
+        for _, rec in iter_results([report_dir], kind="compile", run_id=run_id):
             compiles[rec["case_id"]][rec["backend"]] = rec
+    except RecordError as e:  # what the gate cannot read is never a pass
+        return f"parity gate: refused: {e}", False
     if not by_case:
         return "", None
     sides = {rec["side"] for recs in by_case.values() for rec in recs.values()}

@@ -179,13 +179,14 @@ def check_dirs(dirs: list[Path]) -> None:
 
 
 def iter_results(
-    dirs: list[Path], skipped: list[str] | None = None, kind: str = "result"
+    dirs: list[Path], skipped: list[str] | None = None, kind: str = "result", run_id: str | None = None
 ) -> Iterator[tuple[Path, dict]]:
     """Every record of `kind` ("result", or "compile": parity.execute.tpu_compile) under the given run
-    directories (any depth), checked with check_result / check_compile. RecordError on a
-    missing directory, an unreadable *.json file or a malformed record, unless a `skipped` list
-    is given: then the file and why go there and reading goes on. JSON files of other kinds
-    (summary, gate, manifest) are passed over."""
+    directories (any depth), checked with check_result / check_compile; given `run_id`, only that
+    run's records (others, e.g. an older version's in the same directory, are not read further).
+    RecordError on a missing directory, an unreadable *.json file or a malformed record, unless a
+    `skipped` list is given: then the file and why go there and reading goes on. JSON files of
+    other kinds (summary, gate, manifest) are passed over."""
     check_dirs(dirs)
     for d in dirs:
         for path in sorted(Path(d).rglob("*.json")):
@@ -194,6 +195,8 @@ def iter_results(
             try:
                 rec = read_checked(path)
                 if not (isinstance(rec, dict) and rec.get("kind") == kind):
+                    continue
+                if run_id is not None and rec.get("run_id") != run_id:
                     continue
                 (check_result if kind == "result" else check_compile)(rec, path)
             except RecordError as e:
