@@ -31,17 +31,7 @@ import contextlib
 import functools
 import os
 
-from parity.model.targets import DEFAULT_TARGETS
-
-# target -> (device kind, cores per device) as its compile-only topology device reports them
-# (tests/test_tpu_identity.py holds this table to libtpu's devices)
-IDENTITIES = {
-    "v4": ("TPU v4", 1),
-    "v5e": ("TPU v5 lite", 1),
-    "v5p": ("TPU v5", 2),
-    "v6e": ("TPU v6 lite", 1),
-    "tpu7x": ("TPU7x", 1),
-}
+from parity.model.targets import DEFAULT_TARGETS, IDENTITIES  # IDENTITIES: target -> (device kind, cores)
 
 ENV = "PARITY_TPU_INTERPRET_AS"  # the target TPU interpret mode emulates in this process
 SOURCE_ENV = "PARITY_TPU_INTERPRET_AS_SOURCE"  # the option it came from

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from parity.model.host import libtpu_version
 
-# short name -> topology (compile-only devices; device kinds "TPU v4", "TPU v5 lite", "TPU v5",
-# "TPU v6 lite", "TPU7x")
-TARGETS = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2", "tpu7x": "tpu7x:2x2x1"}
+# short name -> (topology of its compile-only devices, their device kind, cores per device);
+# tests/test_tpu_identity.py holds the kinds and cores to libtpu's devices
+_TABLE = {
+    "v4": ("v4:2x2x1", "TPU v4", 1),
+    "v5e": ("v5e:2x2", "TPU v5 lite", 1),
+    "v5p": ("v5p:2x2x1", "TPU v5", 2),
+    "v6e": ("v6e:2x2", "TPU v6 lite", 1),
+    "tpu7x": ("tpu7x:2x2x1", "TPU7x", 1),
+}
+TARGETS = {name: topology for name, (topology, _, _) in _TABLE.items()}  # short name -> topology
+IDENTITIES = {name: (kind, cores) for name, (_, kind, cores) in _TABLE.items()}  # -> (device kind, cores)
 DEFAULT_TARGETS = ("v5e", "v6e", "tpu7x")
 
 
