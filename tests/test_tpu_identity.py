@@ -36,10 +36,6 @@ def _candidate(name: str) -> JaxCandidate:
     return JaxCandidate(name, getattr(tpu_candidates, name), f"{name}=pallas:tests.tpu_candidates:{name}", "pallas")
 
 
-def test_every_target_has_an_identity():
-    assert set(tpu_identity.IDENTITIES) == set(TARGETS)
-
-
 @requires_libtpu
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_the_emulated_identity_is_the_topology_device_and_jax_builds_the_same_tpu_info(target):
