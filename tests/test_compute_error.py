@@ -223,7 +223,7 @@ def test_power_ladder_runs_synthetic_candidates_through_the_gate(tmp_path):
         assert rows[name]["caught"] == {0.9: 0.0, 1.6: 1.0} and rows[name]["r_95"] == 1.6, rows[name]
         assert rows[name]["methods"] == ["ratio"]
     assert rows["ht"]["methods"] == ["rounding"]
-    assert "| simple_gla | bfloat16 | o |" in format_table(result)
+    assert "| simple_gla | bfloat16 | g_logsig | o |" in format_table(result)
 
 
 def test_summary_names_the_smallest_margin():

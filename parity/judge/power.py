@@ -7,9 +7,10 @@ reference's compute error on that seed (parity.measure.compute_error.noisy), add
 rounding to the output dtype, for r in LEVELS and `reps` independent draws each. Each candidate
 grows seed by seed exactly as `parity run` grows one (parity.execute.case.wants_seed) and is
 judged by the gate itself (parity.judge.gate.evaluate) against the reference's real record; no
-kernel runs again. Per op x dtype x tensor it reports the share of draws the gate did not pass
-(caught: fail-bound or inconclusive) at each r, r_95 (the smallest r from which on >= 95% are
-caught) and the false alarms at r = 0.9 and 1.0. Targets: r_95 <= 1.25, false alarms <= 1%.
+kernel runs again. Per op x dtype x gate x tensor (the gate decides where a [B, T, H] tensor's
+magnitude sits, and so its power) it reports the share of draws the gate did not pass (caught:
+fail-bound or inconclusive) at each r, r_95 (the smallest r from which on >= 95% are caught) and
+the false alarms at r = 0.9 and 1.0. Targets: r_95 <= 1.25, false alarms <= 1%.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def ladder(
                 for n, t in entry["tensors"].items():
                     if t["verdict"] == "unsupported":
                         continue
-                    row = (case.op, case.dtype, n)
+                    row = (case.op, case.dtype, case.gate, n)  # the gate decides where a tensor's magnitude sits
                     caught[row][level].append(int(t["verdict"] != "pass"))
                     j = (t.get("bound") or {}).get("compute") or {}
                     seeds_used[row].append(j.get("seeds", 0))
@@ -134,7 +135,8 @@ def ladder(
             {
                 "op": row[0],
                 "dtype": row[1],
-                "tensor": row[2],
+                "gate": row[2],
+                "tensor": row[3],
                 "trials_per_level": len(caught[row][levels[0]]),
                 "caught": share,
                 "r_95": r95,
@@ -160,17 +162,18 @@ def ladder(
 
 
 def format_table(result: dict) -> str:
-    """The power table as Markdown: op, dtype, tensor, r_95, false alarms at 0.9 and 1.0, caught per r."""
+    """The power table as Markdown: op, dtype, gate, tensor, r_95, false alarms at 0.9 and 1.0, caught per r."""
     levels = result["levels"]
-    head = "| op | dtype | tensor | trials | r_95 | false alarms r=0.9 | r=1.0 | mean seeds | " + " | ".join(
+    head = "| op | dtype | gate | tensor | trials | r_95 | false alarms r=0.9 | r=1.0 | mean seeds | " + " | ".join(
         f"caught r={lv:g}" for lv in levels
     )
-    lines = [head + " |", "|" + " --- |" * (8 + len(levels))]
+    lines = [head + " |", "|" + " --- |" * (9 + len(levels))]
     pct = lambda v: "n/a" if v is None else f"{100 * v:.0f}%"
     for r in result["rows"]:
         r95 = f"> {levels[-1]:g}" if r["r_95"] is None else f"{r['r_95']:g}"
+        method = " (rounding)" if r["methods"] == ["rounding"] else ""
         lines.append(
-            f"| {r['op']} | {r['dtype']} | {r['tensor']}{' (rounding)' if r['methods'] == ['rounding'] else ''} | "
+            f"| {r['op']} | {r['dtype']} | {r['gate']} | {r['tensor']}{method} | "
             f"{r['trials_per_level']} | {r95} | "
             f"{pct(r['false_alarm_0.9'])} | {pct(r['false_alarm_1.0'])} | {r['mean_seeds']:.1f} | "
             + " | ".join(pct(r["caught"].get(lv)) for lv in levels)
