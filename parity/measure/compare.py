@@ -284,7 +284,7 @@ def describe_localisation(loc: dict | None) -> str:
 
 
 def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
-    """{"err2", "floor2"[, "run"]}: w * (x - ref)^2 and w * (rounded - ref)^2 summed per independent block
+    """{"err2", "floor2"[, "run"]}: w * (x - ref)^2 and w * (rounded - ref)^2 summed per block
     (parity.measure.compute_error.block_sums), w the per-element weight of rel_rms (so that err2
     sums to rel_rms^2); rounded: ref rounded to the output dtype. Non-finite elements count 0."""
     x = np.asarray(x).astype(np.float64)
