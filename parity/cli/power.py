@@ -40,8 +40,9 @@ def cmd_power(a) -> int:
     table = format_table(result)
     (out / "power.md").write_text(table + "\n")
     print(table)
+    worst = f"> {LEVELS[-1]:g} ({len(result['not_caught'])} rows)" if result["not_caught"] else result["worst_r_95"]
     print(
-        f"parity power: {result['cases']} cases, worst r_95 {result['worst_r_95']}, "
+        f"parity power: {result['cases']} cases, worst r_95 {worst}, "
         f"largest false-alarm share at r <= 1.0: {result['max_false_alarm']}"
     )
     return 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -156,7 +155,9 @@ def ladder(
         "skipped": skipped,
         "seeds_short": seeds_short,  # some reference had fewer seeds than seeds_max: the ladder stopped there
         "rows": rows,
-        "worst_r_95": max((r["r_95"] if r["r_95"] is not None else math.inf) for r in rows) if rows else None,
+        # rows where even the top level was caught in fewer than 95% of draws: r_95 is above the ladder
+        "not_caught": [f"{r['op']}/{r['dtype']}/{r['gate']}/{r['tensor']}" for r in rows if r["r_95"] is None],
+        "worst_r_95": max(r["r_95"] for r in rows) if rows and all(r["r_95"] is not None for r in rows) else None,
         "max_false_alarm": max((max(r["false_alarm_0.9"] or 0, r["false_alarm_1.0"] or 0) for r in rows), default=None),
     }
 
