@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 # imported before pytester's in-process runs, which unload the modules they import (torch: the
-# plugin asks it for CUDA where /dev/nvidia<N> exists)
+# plugin asks it for CUDA where /dev/nvidia<N> exists; jax and Pallas TPU: the runs import them, and
+# a second import in one process aborted it (jaxlib) or refused the next test's jax candidate
+# ("PRNG with name pallas_tpu already registered") when test_fail_closed came next in the worker)
+import jax  # noqa: F401
+import jax.experimental.pallas.tpu  # noqa: F401
+import pytest
 import torch  # noqa: F401
 
 import parity.execute.tpu_compile  # noqa: F401

@@ -17,9 +17,8 @@
                      the rel_rms / max_abs of the oracle itself rounded to that dtype
     tol, verdict     against parity.measure.tol (pass, fail-accuracy, nan-inf)
     blocks           {"err2": [...], "floor2": [...]}: the squared error and the squared rounding of
-                     the oracle, in rel_rms units, per block (parity.measure.compute_error: the
-                     compute error sqrt(eps^2 - floor^2) and the bound on it are judged from these);
-                     "run": n where each n consecutive blocks are neighbouring groups along T
+                     the oracle, in rel_rms units, per independent block (parity.measure.compute_error:
+                     the compute error sqrt(eps^2 - floor^2) and the bound on it are judged from these)
     row_heatmap      state tensors: rel error per (sequence row, head), [N][H]; [1][H] for [H]
     localisation     where the error first exceeds tolerance and what its shape looks like
                      (first chunk, token and head, or sequence and head; see localise)
@@ -35,15 +34,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from parity.measure.compute_error import (
-    MAX_ABS_MARGIN,
-    SEEDS_MAX,
-    SEEDS_MIN,
-    block_run,
-    block_sums,
-    judge,
-    verdict_after,
-)
+from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
 TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")  # [B, T, H, ...]
@@ -284,7 +275,7 @@ def describe_localisation(loc: dict | None) -> str:
 
 
 def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
-    """{"err2", "floor2"[, "run"]}: w * (x - ref)^2 and w * (rounded - ref)^2 summed per block
+    """{"err2", "floor2"}: w * (x - ref)^2 and w * (rounded - ref)^2 summed per independent block
     (parity.measure.compute_error.block_sums), w the per-element weight of rel_rms (so that err2
     sums to rel_rms^2); rounded: ref rounded to the output dtype. Non-finite elements count 0."""
     x = np.asarray(x).astype(np.float64)
@@ -299,14 +290,10 @@ def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
         w = 1.0 / max(1, r.size) if den2 == 0 else 1.0 / den2
     diff = np.where(ok & np.isfinite(x), x - r0, 0.0)
     time_tensor = name in TIME_TENSORS
-    out = {
+    return {
         "err2": block_sums(w * diff**2, time_tensor),
         "floor2": block_sums(w * (np.asarray(rounded, np.float64) - r0) ** 2, time_tensor),
     }
-    run = block_run(r.shape, time_tensor)
-    if run > 1:  # groups along T: neighbours (compute_error._sum_var)
-        out["run"] = run
-    return out
 
 
 def compare_tensor(case, name: str, x, ref, scale=None) -> dict:

@@ -19,22 +19,14 @@ ops are linear in v's columns given q, k, g and beta: column j of o, of the stat
 the same computation applied to column j of v (kda's delta rule included: (I - beta k k^T) acts on
 every column alike), and the error of a shared intermediate (the q k^T of a chunk, the decay) meets
 each column through that column's own values, so it adds uncorrelated terms; dq, dk and gla/kda's
-dg ([.., K]) are sums over v's columns with a separate sum per K column. Groups along T are not
-used there: the state carries the error of one chunk into the next. [B, T, H] tensors (simple_gla's
-dg, kda's dbeta) have no feature axis; one block per (row, head) left them 2 blocks per seed at ci
-shapes, too few for an interval, so they are cut into TIME_GROUPS contiguous groups along T, and the
-variance takes the neighbouring groups' correlation into account (`_sum_var`: the lag-1 products of
-the residuals of groups next to each other, added when positive, never subtracted; the record's
-`run` says how many consecutive blocks are one (row, head)'s groups). Measured on FLA at ci shapes
-(8 seeds, 12- to 16-token groups): the log squared errors of neighbouring groups correlate 0.14
-(simple_gla's dg) and 0.22 (kda's dbeta): weakly, and the lag-1 term widens the interval by that.
-[H] tensors (dg_gamma) are blocked by head.
+dg ([.., K]) are sums over v's columns with a separate sum per K column. Chunks along T are not
+used: the state carries the error of one chunk into the next. [B, T, H] tensors (simple_gla's dg,
+kda's dbeta) are blocked by (row, head) only, [H] tensors (dg_gamma) by head.
 
 The bound, `judge`: Q = sum_b a_b / sum_b d_b, a_b = e_b - f_b of the candidate and d_b of the
 reference, over the blocks of every seed both have (paired: the same inputs, the same f_b), is
 the ratio estimator of (c_cand / c_ref)^2; its standard error is the delta method's over blocks,
-se^2 = m / (m - 1) * sum_b (a_b - Q d_b)^2 / (sum_b d_b)^2 (plus the neighbours' term above for
-groups along T), and the one-sided interval at level
+se^2 = m / (m - 1) * sum_b (a_b - Q d_b)^2 / (sum_b d_b)^2, and the one-sided interval at level
 1 - ALPHA takes Student's t with m - 1 degrees of freedom. With R = sqrt(Q) and [lo, hi] the
 interval's square roots:
     fail  when lo > factor                       (the candidate is measurably worse than factor x)
@@ -45,11 +37,9 @@ Before SEEDS_MIN seeds a verdict is taken only far from the bound (`verdict_afte
 hi <= factor, fail when lo > factor * (1 + MARGIN). MARGIN is the power target of issue 28
 (r_95 <= 1.25); ALPHA is per look, so that over SEEDS_MAX looks a true tie fails at most
 SEEDS_MAX * ALPHA (< 1%) of the time (Bonferroni; the looks share data, so far less). Where the
-reference's own compute error is not distinguishable from zero (`_resolved`: its sum is not above
-t times its standard error: a tensor both sides compute exactly, too few blocks to tell, e.g.
-dg_gamma's one element per head, or an error carried by a few elements, as FLA's dg and dbeta
-under the stress gates, where the tensor's magnitude sits on a handful of tokens) the ratio means
-nothing:
+reference's own compute error is not distinguishable from zero (its sum is not above t times
+its standard error: a tensor both sides compute exactly, or too few blocks to tell, e.g. dg_gamma's
+one element per head, or simple_gla's dg with one block per row and head) the ratio means nothing:
 the method is `rounding`, the old bound on the epsilons pooled over seeds, limit = factor * eps_r +
 floor, with the same indifference zone: pass when eps_c <= limit * (1 + MARGIN), else fail; before
 SEEDS_MIN seeds only pass when eps_c <= limit or fail when above limit * (1 + MARGIN). Without
@@ -75,72 +65,26 @@ ALPHA = 0.001  # one-sided, per look
 # smooth); the bound 2x (FlashAttention's factor) still catches a localised error.
 MAX_ABS_MARGIN = 1.0
 COLUMN_GROUPS = 8  # groups of the last axis per (row, head)
-TIME_GROUPS = 8  # contiguous groups along T per (row, head) of a [B, T, H] tensor
 TIME_AXES = (0, 2)  # [B, T, H, ...]: row and head
 STATE_AXES = (0, 1)  # [N, H, K, V]
 
 
-def block_run(shape: tuple[int, ...], time_tensor: bool) -> int:
-    """How many consecutive blocks of block_sums' order are neighbours along T (one (row, head) of a
-    [B, T, H] tensor: its TIME_GROUPS groups); 1 where blocks have no neighbours."""
-    return min(TIME_GROUPS, shape[1]) if time_tensor and len(shape) == 3 and shape[1] > 0 else 1
-
-
-def _groups(n: int, g: int) -> np.ndarray:
-    """[n] -> the group (0 .. g-1) of each index, g contiguous groups of near-equal size."""
-    return (np.arange(n) * g) // n
-
-
-def block_index(shape: tuple[int, ...], time_tensor: bool) -> tuple[np.ndarray, int]:
-    """(each element's block, [shape] ints in block_sums' order, and the number of blocks) for a
-    tensor [B, T, H], [B, T, H, D], [N, H, K, V] or [H]: rows x heads x groups (of the last axis,
-    or for [B, T, H] of T); [H] or a scalar: one block per element."""
-    n = int(np.prod(shape, dtype=np.int64))
-    if len(shape) <= 1:
-        return np.arange(n).reshape(shape), n
-    ix = np.indices(shape, sparse=True)
-    along_t = time_tensor and len(shape) == 3  # [B, T, H]: no feature axis; contiguous groups along T
-    row, head = TIME_AXES if time_tensor and len(shape) >= 3 else STATE_AXES
-    grouped = 1 if along_t else len(shape) - 1
-    g = block_run(shape, True) if along_t else min(COLUMN_GROUPS, shape[-1])
-    heads = shape[head] if head != grouped else 1
-    idx = (ix[row] * heads + (ix[head] if head != grouped else 0)) * g + _groups(shape[grouped], g)[ix[grouped]]
-    return np.broadcast_to(idx, shape), shape[row] * heads * g
-
-
 def block_sums(a: np.ndarray, time_tensor: bool) -> list[float]:
-    """a: elementwise figures of a tensor (block_index's shapes) -> their sums per block (module
-    docstring), in block_index's order: [rows x heads x groups]."""
+    """a: elementwise figures of a tensor, [B, T, H], [B, T, H, D], [N, H, K, V] or [H] -> their
+    sums per independent block (module docstring), in a fixed order: [rows x heads x groups]."""
     a = np.asarray(a, np.float64)
-    idx, n = block_index(a.shape, time_tensor)
-    return [float(v) for v in np.bincount(idx.ravel(), weights=a.ravel(), minlength=n)]
-
-
-def _run(seeds: list[dict]) -> int:
-    """The per-seed figures' `run` (block_run; 1 where absent), the same on every seed."""
-    runs = {int(s.get("run", 1)) for s in seeds}
-    if len(runs) > 1:
-        raise ValueError(f"seeds disagree on neighbouring blocks (run {sorted(runs)})")
-    return runs.pop() if runs else 1
-
-
-def _sum_var(z: np.ndarray, run: int) -> float:
-    """z: residuals per block (mean 0 under the model) -> an estimate of the variance of their sum:
-    sum z^2 as for independent blocks, plus twice the products of neighbours (consecutive blocks of
-    a run) when their total is positive, so that blocks carrying each other's error widen the
-    interval; negative products are not subtracted (never narrower than independent blocks)."""
-    v = float(np.sum(z**2))
-    if run > 1 and z.size % run == 0:
-        zz = z.reshape(-1, run)
-        v += 2.0 * max(0.0, float(np.sum(zz[:, 1:] * zz[:, :-1])))
-    return v
-
-
-def _resolved(d: np.ndarray, t: float, run: int) -> bool:
-    """Whether the reference's excess over rounding, d per block, is distinguishable from zero: its
-    sum above t standard errors."""
-    m = d.size
-    return m >= 2 and d.sum() > t * math.sqrt(m / (m - 1) * _sum_var(d - d.mean(), run))
+    if a.ndim <= 1:
+        return [float(v) for v in np.ravel(a)]
+    row, head = TIME_AXES if time_tensor and a.ndim >= 3 else STATE_AXES
+    rest = tuple(i for i in range(a.ndim) if i not in (row, head) and i != a.ndim - 1)
+    if a.ndim == 3 and time_tensor:  # [B, T, H]: no feature axis
+        return [float(v) for v in np.ravel(a.sum(1))]
+    last = a.shape[-1]
+    g = min(COLUMN_GROUPS, last)
+    groups = (np.arange(last) * g) // last
+    s = a.sum(rest) if rest else a  # [rows, heads, last]
+    out = np.stack([s[..., groups == j].sum(-1) for j in range(g)], -1)  # [rows, heads, g]
+    return [float(v) for v in np.ravel(out)]
 
 
 def _sums(seeds: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +112,6 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
     er, fr = _sums(ref)
     if ec.shape != er.shape:
         raise ValueError(f"candidate has {ec.size} blocks over {k} seeds, the reference {er.size}")
-    run = _run(cand + ref)
     a, d = ec - fc, er - fr
     m = a.size
     out = {
@@ -181,7 +124,8 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
         "c_reference": compute_error(ref),
     }
     t = float(stats.t.ppf(1 - alpha, m - 1)) if m >= 2 else math.inf
-    if not _resolved(d, t, run):  # the reference's compute error is not resolved: the rounding bound
+    sd_d = math.sqrt(m * float(np.var(d, ddof=1))) if m >= 2 else math.inf
+    if not d.sum() > t * sd_d:  # the reference's compute error is not resolved: the rounding bound
         eps_c, eps_r, floor = (math.sqrt(max(0.0, float(x.sum()) / max(1, k))) for x in (ec, er, fr))
         limit = factor * eps_r + floor
         out.update(
@@ -198,7 +142,7 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
         )
         return out
     q = float(a.sum() / d.sum())
-    se = math.sqrt(m / (m - 1) * _sum_var(a - q * d, run)) / float(d.sum())
+    se = math.sqrt(m / (m - 1) * float(np.sum((a - q * d) ** 2))) / float(d.sum())
     lo, hi = (math.sqrt(max(0.0, v)) for v in (q - t * se, q + t * se))
     edge = factor * (1 + margin)
     out.update(

@@ -129,8 +129,7 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
 
 def _check_seeds(seeds, field: str, bad) -> None:
     """A tensor's per-seed figures (parity.execute.case): a list of {"seed": int, "err2": [numbers],
-    "floor2": [numbers][, "run": int]} with as many err2 as floor2 blocks, the same count on every
-    seed, run (neighbouring blocks along T) dividing it."""
+    "floor2": [numbers]} with as many err2 as floor2 blocks, the same count on every seed."""
     if not isinstance(seeds, list):
         bad(field, seeds, "a list of per-seed figures")
     sizes = set()
@@ -142,9 +141,6 @@ def _check_seeds(seeds, field: str, bad) -> None:
                 bad(f"{field}[{i}].{k}", s.get(k), "a list of finite numbers (per block)")
         if len(s["err2"]) != len(s["floor2"]):
             bad(f"{field}[{i}].floor2", s["floor2"], f"{len(s['err2'])} blocks, as err2 has")
-        run = s.get("run", 1)
-        if not (isinstance(run, int) and not isinstance(run, bool) and run >= 1 and len(s["err2"]) % run == 0):
-            bad(f"{field}[{i}].run", run, f"a positive int dividing the {len(s['err2'])} blocks")
         sizes.add(len(s["err2"]))
     if len(sizes) > 1:
         bad(field, sorted(sizes), "the same number of blocks on every seed")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-# 2: per-seed figures (tensors.*.seeds, seeds, seed_policy; issue 28); 3: [B, T, H] tensors' blocks along T (run)
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 2  # 2: per-seed figures (tensors.*.seeds, seeds, seed_policy; issue 28)
 
 
 class TensorMetrics(TypedDict, total=False):
@@ -38,8 +37,8 @@ class TensorMetrics(TypedDict, total=False):
     sequences: list | None
     localisation: dict
     # per input seed, the case's own first (parity.execute.case): {"seed", "input_hash", "rel_rms",
-    # "floor_rel", "max_abs", "nan", "inf", "verdict", "err2": [...], "floor2": [...][, "run": n]}, err2
-    # and floor2 per block, run the neighbours along T (parity.measure.compute_error)
+    # "floor_rel", "max_abs", "nan", "inf", "verdict", "err2": [...], "floor2": [...]}, err2 and floor2
+    # per independent block (parity.measure.compute_error)
     seeds: list[dict]
     rms: float  # the oracle's own records: its rms and non-finite count
     nonfinite: int
