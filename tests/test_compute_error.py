@@ -174,6 +174,7 @@ def test_power_ladder_runs_synthetic_candidates_through_the_gate(tmp_path):
     """parity power on a reference's records: 1.6x its compute error is caught on every bf16
     tensor, 0.9x never; the fp32 tensors (exact on the reference too) fall to the rounding bound."""
     from parity.judge.power import format_table, ladder
+    from parity.records import write_json
 
     from .helpers import write_records
 
@@ -186,7 +187,13 @@ def test_power_ladder_runs_synthetic_candidates_through_the_gate(tmp_path):
         assert rows[name]["caught"] == {0.9: 0.0, 1.6: 1.0} and rows[name]["r_95"] == 1.6, rows[name]
         assert rows[name]["methods"] == ["ratio"]
     assert rows["ht"]["methods"] == ["rounding"]
-    assert "| simple_gla | bfloat16 | o |" in format_table(result)
+    assert "| simple_gla | bfloat16 | g_logsig | o |" in format_table(result)
+    # the fp32 tensors, exact on both sides, are never caught at the rounding level: above the ladder
+    assert not any(row.endswith(f"/{name}") for row in result["not_caught"] for name in BF16)
+    assert "simple_gla/bfloat16/g_logsig/ht" in result["not_caught"] and result["worst_r_95"] is None
+    below = ladder([tmp_path], levels=(0.9,), reps=2)  # nothing caught: r_95 above the ladder on every row
+    assert below["worst_r_95"] is None and "simple_gla/bfloat16/g_logsig/o" in below["not_caught"]
+    write_json(tmp_path / "power.json", below)  # JSON without an infinity in it
 
 
 def test_summary_names_the_smallest_margin():
