@@ -145,12 +145,41 @@ def test_judge_rules():
     tie = judge(seeds(d * (1 + 0.05 * rng.standard_normal(24))), seeds(d))
     assert tie["decision"] == "pass" and verdict_after(tie) == "pass"
     one = judge(seeds(d[:8] * 1.02), seeds(d[:8]))
-    assert verdict_after(one) == "more" and verdict_after({**one, "seeds": 8, "decision": "undecided"}) == (
-        "inconclusive"
-    )
+    assert verdict_after(one) == "more"
+    assert verdict_after({**one, "seeds": 8, "blocks": 64, "decision": "undecided"}) == "inconclusive"
     assert verdict_after(judge(seeds(d[:8] * 9), seeds(d[:8]))) == "fail"  # far: one seed decides
     flat = judge(seeds(np.zeros(8)), seeds(np.zeros(8)))
     assert flat["method"] == "rounding" and flat["decision"] == "pass"
+
+
+def test_a_tensor_with_few_blocks_per_seed_goes_on_past_eight_seeds_looking_at_the_stated_seeds():
+    """Undecided, a tensor of 2 blocks per seed (a [B, T, H] tensor at B = 1, H = 2) goes on past
+    SEEDS_BASE until it has BLOCKS_ENOUGH blocks, is looked at only at LOOKS, and is inconclusive at
+    the policy's maximum; a tensor of 8 blocks per seed is inconclusive at SEEDS_BASE as before.
+    Under the rounding rule the zone above the limit is undecided until the end, where it passes."""
+    from parity.measure.compute_error import BLOCKS_ENOUGH, LOOKS, SEEDS_BASE
+
+    undecided = {"method": "ratio", "decision": "undecided", "far": None}
+    at = lambda k, per_seed, **kw: verdict_after({**undecided, "seeds": k, "blocks": k * per_seed, **kw})
+    assert at(SEEDS_BASE, 8) == "inconclusive"
+    assert at(SEEDS_BASE, 2) == "more" and at(BLOCKS_ENOUGH // 2, 2) == "inconclusive"
+    assert at(SEEDS_BASE, 1) == "more" and at(BLOCKS_ENOUGH, 1) == "inconclusive"
+    assert at(10, 1) == "more"
+    # a decision between looks waits for the next look; at a look it counts
+    assert at(10, 1, decision="fail") == "more" and at(LOOKS[0], 1, decision="fail") == "fail"
+    # the user's maximum ends it wherever it falls
+    assert verdict_after({**undecided, "seeds": 10, "blocks": 10}, 3, 10) == "inconclusive"
+    # a tensor decided early stops at once (no extra seeds for what is far from the bound)
+    assert at(3, 1, decision="pass") == "pass"
+    rounding = {"method": "rounding", "decision": "undecided", "far": None}
+    assert verdict_after({**rounding, "seeds": 3, "blocks": 6}) == "more"
+    assert verdict_after({**rounding, "seeds": BLOCKS_ENOUGH // 2, "blocks": BLOCKS_ENOUGH}) == "pass"
+    # judge: under the rounding rule the zone between the limit and limit x 1.25 is undecided
+    exact = [{"err2": [1e-6, 1e-6], "floor2": [1e-6, 1e-6]}] * 3  # the reference at the rounding level
+    limit2 = (2 * 2e-6**0.5) ** 2  # (eps_r + floor)^2
+    cand = lambda r: [{"err2": [r**2 * limit2 / 2] * 2, "floor2": [1e-6, 1e-6]}] * 3
+    assert [judge(cand(r), exact)["decision"] for r in (0.95, 1.1, 1.3)] == ["pass", "undecided", "fail"]
+    assert judge(cand(1.1), exact)["method"] == "rounding"
 
 
 def test_seed_figures_are_checked_on_read(tmp_path):
@@ -215,3 +244,26 @@ def test_summary_names_the_smallest_margin():
     assert "smallest margin: eps/limit = 1.25 at B [pallas] o (4 seed(s))" in format_summary(result)
     result["cases"] = cases[2:]
     assert "smallest margin" not in format_summary(result)
+
+
+@pytest.mark.parametrize(
+    "case_id,blocks",
+    [
+        ("simple_gla-fwdbwd-B1-T64-H1-K256-V256-fp32-C128-g_logsig", 1),  # dg [B, T, H]
+        ("gdn-fwdbwd-B1-T96-H1-K32-V32-bf16-C64-g_logsig-HV2-h0-ht-lens40_56", 2),  # dg, dbeta [B, T, HV]
+        ("simple_gla-fwdbwd-B2-T128-H2-K64-V64-fp32-C128-gamma_alibi-h0", 2),  # dg_gamma [H]
+        ("gla-fwdbwd-B1-T64-H1-K256-V256-fp32-C64-g_logsig", 8),  # every tensor has column groups
+    ],
+)
+def test_power_benchmark_counts_the_blocks_the_records_hold(case_id, blocks):
+    """benchmarks/power_ci.py gives each case the seeds its fewest-blocks tensor may use: its count
+    from the shapes is the count compare_tensor records."""
+    from benchmarks.power_ci import blocks_per_seed
+    from parity.measure.compare import error_blocks
+    from references import error_scales
+
+    case = Case.from_id(case_id)
+    full = cached_oracle(case, make_inputs(case))[0]
+    scales = error_scales(full)
+    held = min(len(error_blocks(n, full[n], full[n], full[n], scales.get(n))["err2"]) for n in case.output_names())
+    assert blocks_per_seed(case) == held == blocks

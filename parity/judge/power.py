@@ -1,7 +1,8 @@
 """`parity power DIR`: the gate's power against controlled degradations (issue 28).
 
-For every case whose reference (FLA) record is in DIR (`parity run --backends oracle,fla --seeds
-8:8` gives it every seed a verdict may use), a ladder of synthetic candidates: on every tensor,
+For every case whose reference (FLA) record is in DIR (with every seed a verdict may use: up to 64
+for a case with a tensor of one block per seed; benchmarks/power_ci.py runs each case of a suite on
+its own count), a ladder of synthetic candidates: on every tensor,
 the exact result (the cached float64 oracle of each seed) plus Gaussian noise of rms r x the
 reference's compute error on that seed (parity.measure.compute_error.noisy), added before the
 rounding to the output dtype, for r in LEVELS and `reps` independent draws each. Each candidate
