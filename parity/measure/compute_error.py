@@ -142,6 +142,7 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
     if not d.sum() > t * sd_d:  # the reference's compute error is not resolved: the rounding bound
         eps_c, eps_r, floor = (math.sqrt(max(0.0, float(x.sum()) / max(1, k))) for x in (ec, er, fr))
         limit = factor * eps_r + floor
+        decision = "pass" if eps_c <= limit else "fail" if eps_c > limit * (1 + margin) else "undecided"
         out.update(
             method="rounding",
             eps_candidate=eps_c,
@@ -151,8 +152,8 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
             ratio=None,
             lo=None,
             hi=None,
-            decision="pass" if eps_c <= limit else "fail" if eps_c > limit * (1 + margin) else "undecided",
-            far="pass" if eps_c <= limit else "fail" if eps_c > limit * (1 + margin) else None,
+            decision=decision,
+            far=None if decision == "undecided" else decision,  # the same rule before SEEDS_MIN
         )
         return out
     q = float(a.sum() / d.sum())
