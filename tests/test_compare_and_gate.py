@@ -250,6 +250,44 @@ def test_a_reference_with_nan_bounds_nothing():
     assert not bound({"rel_rms": 1e-3, "max_abs": 1e-2, "inf": 1}, ref)["ok"]
 
 
+def test_a_reference_nan_on_some_seeds_is_bounded_on_the_others():
+    """A seed where the reference is NaN (its figures count those elements as 0 error: more accurate
+    than it is) is left out of the bound; the bound runs on the seeds where it is finite, and the
+    seeds left out are named (seen: FLA's varlen g_gamma ht, NaN on 8 of 64 seeds)."""
+    rng = np.random.default_rng(5)
+
+    def rec(c2, nan_seeds=()):
+        seeds = [
+            {
+                "seed": k,
+                "input_hash": f"h{k}",
+                "nan": 4096 if k in nan_seeds else 0,
+                "inf": 0,
+                "err2": list(1e-6 + c2 * (0.02 if k in nan_seeds else 1) * (1 + 0.1 * rng.standard_normal(16))),
+                "floor2": [1e-6] * 16,
+            }
+            for k in range(4)
+        ]
+        return {
+            "rel_rms": 1e-3,
+            "max_abs": 1e-2,
+            "floor_rel": 1e-3,
+            "floor_abs": 1e-3,
+            "nan": seeds[0]["nan"],
+            "seeds": seeds,
+        }
+
+    ref = rec(1e-6, nan_seeds=(1, 3))  # on seeds 1 and 3 its NaN elements hide nearly all its error
+    b = bound(rec(1e-6), ref, 1.0, 2, 4)
+    assert b["ok"] and b["reference_nonfinite_seeds"] == [1, 3] and b["compute"]["seed_list"] == [0, 2]
+    assert bound(rec(4e-6), ref, 1.0, 2, 4)["verdict"] == "fail-bound"  # 2x: still caught on seeds 0 and 2
+    everywhere = rec(1e-6, nan_seeds=range(4))
+    assert bound(rec(1e-6), everywhere)["reference_nonfinite"]
+    # NaN on every seed the candidate ran (seeds 1 and 3 of 4): no bound, as for a NaN on every seed
+    odd = {**rec(1e-6), "seeds": [s for s in rec(1e-6)["seeds"] if s["seed"] in (1, 3)]}
+    assert bound(odd, ref)["reference_nonfinite"] and bound(odd, ref)["ok"]
+
+
 def _write(dirpath, rec):
     write_records(dirpath, rec)
 

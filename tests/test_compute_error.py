@@ -174,12 +174,35 @@ def test_a_tensor_with_few_blocks_per_seed_goes_on_past_eight_seeds_looking_at_t
     rounding = {"method": "rounding", "decision": "undecided", "far": None}
     assert verdict_after({**rounding, "seeds": 3, "blocks": 6}) == "more"
     assert verdict_after({**rounding, "seeds": BLOCKS_ENOUGH // 2, "blocks": BLOCKS_ENOUGH}) == "pass"
-    # judge: under the rounding rule the zone between the limit and limit x 1.25 is undecided
-    exact = [{"err2": [1e-6, 1e-6], "floor2": [1e-6, 1e-6]}] * 3  # the reference at the rounding level
-    limit2 = (2 * 2e-6**0.5) ** 2  # (eps_r + floor)^2
-    cand = lambda r: [{"err2": [r**2 * limit2 / 2] * 2, "floor2": [1e-6, 1e-6]}] * 3
-    assert [judge(cand(r), exact)["decision"] for r in (0.95, 1.1, 1.3)] == ["pass", "undecided", "fail"]
-    assert judge(cand(1.1), exact)["method"] == "rounding"
+    # judge: under the rounding rule the zone between the limit and limit x 1.25 is undecided (one
+    # block: no sampling error to judge compute errors by, so the limit on eps alone decides)
+    ref = [{"err2": [1e-6], "floor2": [1e-6]}]  # the reference's error is its rounding's alone
+    limit2 = (2 * 1e-6**0.5) ** 2  # (eps_r + floor)^2
+    cand = lambda r: [{"err2": [r**2 * limit2], "floor2": [1e-6]}]
+    assert [judge(cand(r), ref)["decision"] for r in (0.95, 1.1, 1.3)] == ["pass", "undecided", "fail"]
+    assert judge(cand(1.1), ref)["method"] == "rounding"
+
+
+def test_the_rounding_rule_holds_compute_error_to_the_references_at_most():
+    """Where the reference's compute error is not resolved (a few percent of the output's rounding:
+    FLA's dq on gla bf16 g_stress), the rounding rule passes a candidate whose compute error is within
+    the reference's upper bound and fails one measurably above it x 1.25, on the blocks (a_b = e_b -
+    f_b), not on eps <= eps_r + floor, which let a candidate with twice FLA's compute error pass."""
+    rng = np.random.default_rng(3)
+    floor = 1.0  # per block, the rounding's share; compute errors are squared sums on top of it
+    d = 0.003 + 0.004 * rng.standard_normal(16)  # the reference: 0.3% of the rounding, spread 0.4%
+    seeds = lambda a: [{"err2": list(floor + a[i : i + 8]), "floor2": [floor] * 8} for i in (0, 8)]
+    tie = judge(seeds(d + 0.004 * rng.standard_normal(16)), seeds(d))
+    twice = judge(seeds(4 * d + 0.004 * rng.standard_normal(16)), seeds(d))  # 2x in rms: 4x squared
+    far = judge(seeds(d + 0.05), seeds(d))
+    assert {j["method"] for j in (tie, twice, far)} == {"rounding"}
+    assert tie["decision"] == "pass" and far["decision"] == "fail"
+    assert twice["decision"] != "pass"
+    assert twice["eps_candidate"] <= twice["limit"]  # where eps_r + floor alone passed it
+    # the reference rounds exactly (d_b = 0): any measurable compute error of the candidate is worse
+    exact = seeds(np.zeros(16))
+    assert judge(seeds(np.full(16, 0.01)), exact)["decision"] == "fail"
+    assert judge(exact, exact)["decision"] == "pass"
 
 
 def test_seed_figures_are_checked_on_read(tmp_path):
@@ -223,11 +246,21 @@ def test_power_ladder_runs_synthetic_candidates_through_the_gate(tmp_path):
     below = ladder([tmp_path], levels=(0.9,), reps=2)  # nothing caught: r_95 above the ladder on every row
     assert below["worst_r_95"] is None and "simple_gla/bfloat16/g_logsig/o" in below["not_caught"]
     write_json(tmp_path / "power.json", below)  # JSON without an infinity in it
+    # a reference NaN on every seed of a tensor holds the candidate to no bound there: listed, not a row
+    ht = recs["fla"]["tensors"]["ht"]
+    ht["nan"], ht["verdict"] = 7, "nan-inf"
+    for s in ht["seeds"]:
+        s["nan"] = 7
+    write_records(tmp_path, *recs.values())
+    nan_ht = ladder([tmp_path], levels=(1.6,), reps=1)
+    assert nan_ht["no_bound"] == [f"{CASE.id}/ht"] and "ht" not in {r["tensor"] for r in nan_ht["rows"]}
+    assert f"- {CASE.id}/ht" in format_table(nan_ht)
 
 
 def test_summary_names_the_smallest_margin():
     """The gate's summary line names the bounded tensor whose interval's upper end is closest to
-    (or furthest over) the bound, ratio (hi / factor) and rounding (eps / limit) methods alike;
+    (or furthest over) the bound, ratio (hi / factor) and rounding (the nearer of eps / limit and
+    c / compute_limit) methods alike;
     a tensor without a judgement (NaN/Inf candidate) is passed over."""
     ratio = lambda hi: {"compute": {"method": "ratio", "hi": hi, "factor": 2.0, "seeds": 3}}
     rounding = {"compute": {"method": "rounding", "eps_candidate": 1.8, "limit": 2.0, "seeds": 4}}
@@ -242,6 +275,9 @@ def test_summary_names_the_smallest_margin():
     assert "  smallest margin: hi/factor = 0.93 at A [pallas] dq (3 seed(s))" in format_summary(result).splitlines()
     cases[1]["tensors"]["o"]["bound"]["compute"]["eps_candidate"] = 2.5  # over its limit: now the smallest
     assert "smallest margin: eps/limit = 1.25 at B [pallas] o (4 seed(s))" in format_summary(result)
+    # the rounding rule's other limit, on compute errors, when it is the nearer
+    cases[1]["tensors"]["o"]["bound"]["compute"].update(c_candidate=3e-4, compute_limit=2e-4)
+    assert "smallest margin: c/limit = 1.5 at B [pallas] o (4 seed(s))" in format_summary(result)
     result["cases"] = cases[2:]
     assert "smallest margin" not in format_summary(result)
 

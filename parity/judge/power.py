@@ -11,7 +11,9 @@ judged by the gate itself (parity.judge.gate.evaluate) against the reference's r
 kernel runs again. Per op x dtype x gate x tensor (the gate decides where a [B, T, H] tensor's
 magnitude sits, and so its power) it reports the share of draws the gate did not pass (caught:
 fail-bound or inconclusive) at each r, r_95 (the smallest r from which on >= 95% are caught) and
-the false alarms at r = 0.9 and 1.0. Targets: r_95 <= 1.25, false alarms <= 1%.
+the false alarms at r = 0.9 and 1.0. Targets: r_95 <= 1.25, false alarms <= 1%. A (case, tensor)
+whose reference is NaN or Inf has no bound in the gate (the tolerance only): it is listed apart
+(no_bound), not counted in its row.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def ladder(
     caught: dict[tuple, dict[float, list[int]]] = defaultdict(lambda: defaultdict(list))
     seeds_used: dict[tuple, list[int]] = defaultdict(list)
     methods: dict[tuple, set] = defaultdict(set)
-    skipped, seeds_short = [], False
+    skipped, seeds_short, no_bound = [], False, set()
     for case_id in sorted(by_case):
         ref = by_case[case_id].get(REFERENCE)
         if ref is None or ref["status"] != "ok":
@@ -117,6 +119,9 @@ def ladder(
                 entry = evaluate({case_id: {REFERENCE: ref, "noise": cand}}, factor)["cases"][0]
                 for n, t in entry["tensors"].items():
                     if t["verdict"] == "unsupported":
+                        continue
+                    if (t.get("bound") or {}).get("reference_nonfinite"):  # the gate holds it to no bound
+                        no_bound.add(f"{case_id}/{n}")
                         continue
                     row = (case.op, case.dtype, case.gate, n)  # the gate decides where a tensor's magnitude sits
                     caught[row][level].append(int(t["verdict"] != "pass"))
@@ -155,6 +160,9 @@ def ladder(
         "cases": len(by_case) - len(skipped),
         "skipped": skipped,
         "seeds_short": seeds_short,  # some reference had fewer seeds than seeds_max: the ladder stopped there
+        # (case, tensor) whose reference is NaN or Inf: the gate enforces no bound there (tolerance only), so
+        # no power to measure; listed, not folded into their row
+        "no_bound": sorted(no_bound),
         "rows": rows,
         # rows where even the top level was caught in fewer than 95% of draws: r_95 is above the ladder
         "not_caught": [f"{r['op']}/{r['dtype']}/{r['gate']}/{r['tensor']}" for r in rows if r["r_95"] is None],
@@ -181,4 +189,7 @@ def format_table(result: dict) -> str:
             + " | ".join(pct(r["caught"].get(lv)) for lv in levels)
             + " |"
         )
+    if result.get("no_bound"):
+        lines += ["", "No bound (the reference's tensor is NaN or Inf; the gate checks the tolerance only):"]
+        lines += [f"- {x}" for x in result["no_bound"]]
     return "\n".join(lines)

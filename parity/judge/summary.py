@@ -88,13 +88,19 @@ def format_summary(result: dict) -> str:
 
 
 def margin_of(j: dict) -> tuple[str, float] | None:
-    """(what, value) of a compute-error judgement (compute_error.judge): hi / factor for the ratio,
-    eps_candidate / limit for the rounding bound; above 1 is over the bound."""
+    """(what, value) of a compute-error judgement (compute_error.judge): hi / factor for the ratio;
+    for the rounding bound the nearer of its two limits, eps_candidate / limit and c_candidate /
+    compute_limit; above 1 is over the bound."""
     if j.get("method") == "ratio" and j.get("hi") is not None and j["factor"] > 0:
         return "hi/factor", j["hi"] / j["factor"]
-    if j.get("method") == "rounding" and j.get("limit"):
-        return "eps/limit", j["eps_candidate"] / j["limit"]
-    return None
+    if j.get("method") != "rounding":
+        return None
+    margins = []
+    if j.get("limit"):
+        margins.append(("eps/limit", j["eps_candidate"] / j["limit"]))
+    if j.get("compute_limit"):
+        margins.append(("c/limit", j["c_candidate"] / j["compute_limit"]))
+    return max(margins, key=lambda m: m[1]) if margins else None
 
 
 def smallest_margin(cases: list[dict]) -> dict | None:

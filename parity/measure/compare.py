@@ -400,13 +400,21 @@ def seed_figures(t: dict) -> list[dict]:
     before seeds (compare_tensor's own, in tests) is its one seed."""
     if "seeds" in t:
         return t["seeds"]
-    return [{"seed": None, "input_hash": None, **t["blocks"]}] if "blocks" in t else []
+    if "blocks" not in t:
+        return []
+    return [{"seed": None, "input_hash": None, "nan": t.get("nan"), "inf": t.get("inf"), **t["blocks"]}]
+
+
+def finite_seed(s: dict) -> bool:
+    """Whether a seed's figures cover every element (no NaN or Inf in that seed's result)."""
+    return not (s.get("nan") or s.get("inf"))
 
 
 def common_seeds(cand: dict, ref: dict) -> tuple[list[dict], list[dict]]:
     """The per-seed figures of the seeds both tensor records hold, in the candidate's order,
-    aligned; ValueError when a seed's inputs differ between them."""
-    by_seed = {s["seed"]: s for s in seed_figures(ref)}
+    aligned, but for seeds where the reference is NaN or Inf (its figures there leave those
+    elements out, so its error is not measured); ValueError when a seed's inputs differ."""
+    by_seed = {s["seed"]: s for s in seed_figures(ref) if finite_seed(s)}
     c_out, r_out = [], []
     for s in seed_figures(cand):
         r = by_seed.get(s["seed"])
@@ -425,9 +433,17 @@ def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN
     policy: fewer seeds than it needs is `inconclusive`), and max_abs <= factor * (1 + MAX_ABS_MARGIN) *
     max_abs_r + floor_abs on the case's own seed. verdict: pass | fail-bound | inconclusive; ok: verdict == pass."""
     out = {"factor": factor}
-    ref_nonfinite = bool(ref.get("nan") or ref.get("inf"))
-    if ref_nonfinite:  # its epsilons cover only its finite elements: no bound from it
+    cand_seeds = {s["seed"] for s in seed_figures(cand)}
+    shared = [s for s in seed_figures(ref) if s["seed"] in cand_seeds]
+    nonfinite_seeds = [s["seed"] for s in shared if not finite_seed(s)]
+    # its epsilons cover only its finite elements: no bound from a seed where it is NaN or Inf, and
+    # none at all where it is on every seed both ran (or, for a record without seeds, on its own)
+    own_nonfinite = bool(ref.get("nan") or ref.get("inf"))  # on the case's own seed (max_abs's)
+    ref_nonfinite = own_nonfinite if not shared else len(nonfinite_seeds) == len(shared)
+    if ref_nonfinite:
         out["reference_nonfinite"] = True
+    elif nonfinite_seeds:
+        out["reference_nonfinite_seeds"] = nonfinite_seeds  # left out of the bound
     cand_nonfinite = bool(cand.get("nan") or cand.get("inf")) or cand.get("rel_rms") is None
     verdict = "fail-bound" if cand_nonfinite else "pass"
     out["rel_rms"] = {"candidate": cand.get("rel_rms"), "reference": ref.get("rel_rms"), "limit": None, "ratio": None}
@@ -463,7 +479,7 @@ def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN
                     f"{seeds_min} to {seeds_max}"
                 )
     c, r = cand.get("max_abs"), ref.get("max_abs")
-    if c is None or r is None or ref_nonfinite:
+    if c is None or r is None or own_nonfinite:
         out["max_abs"] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
         if c is None:
             verdict = "fail-bound"
