@@ -1,10 +1,14 @@
 # Sourced by the README's commands: create or reuse .venv in the repo root and install the
 # project into it from nothing. On a machine without CUDA it takes torch's CPU build
 # (torch==2.13.0), jax for CPU and the libtpu jax pins (to compile for TPU targets); it never
-# pulls CUDA wheels there.
-set -euo pipefail
+# pulls CUDA wheels there. The set-up runs in a subshell under `set -euo pipefail`, so those
+# options do not leak into the shell that sources this (an interactive shell would end at its
+# next failing command); a failed set-up returns 1. Leaves the caller in the repo root with
+# .venv/bin first on PATH.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
+cd "$ROOT" || return 1
+if ! (
+set -euo pipefail
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY="$ROOT/.venv/bin/python"
@@ -27,5 +31,9 @@ if [ ! -f "$stamp" ]; then
     "$VPY" -m pip install -q "jax[tpu]==$jaxv"
   fi
   touch "$stamp"
+fi
+); then
+  echo "scripts/env.sh: setting up .venv failed (the lines above say where)" >&2
+  return 1
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

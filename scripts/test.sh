@@ -10,7 +10,7 @@
 # the run only (a temporary directory, unless JAX_COMPILATION_CACHE_DIR is set).
 # Usage: bash scripts/test.sh [extra pytest args]
 t_start=$(date +%s.%N)
-source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh" || exit 1
 source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
 TIMING="${PARITY_TIMING:-reports/timing}"
 # one jax compilation cache for the run, shared by both passes and their workers: an interpret-mode
