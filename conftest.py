@@ -4,10 +4,11 @@ Installed (pip install -e .), the package's pytest11 entry point, named like the
 loads the plugin before this file; naming the module here too registers nothing twice.
 From a bare checkout (PYTHONPATH only) this line is what loads it.
 
-Tests compile their jax programs with most of XLA's optimisations off, as TPU interpret mode does
-for the harness's own runs (parity.execute.compile_log.optimisation): the kernels the tests call
-directly compile in about half the time; TPU compiles keep the compiler's defaults regardless.
-Set before jax is imported (jax reads it then); spawned workers inherit it.
+Tests compile their jax programs with most of XLA's optimisations off and XLA:CPU's elemental
+emitter, as TPU interpret mode does for the harness's own runs (parity.execute.compile_log): the
+kernels the tests call directly compile in about a quarter of the time; TPU compiles keep the
+compiler's defaults regardless. The flag is set before jax is imported (jax reads it then; spawned
+workers inherit it), the emitter once per test process (`_interpret_effort`).
 
 Every test function runs with room on CPython's frame stack (parity.execute.stack_room): its
 speed does not depend on how deep pytest and xdist call it.
@@ -21,6 +22,13 @@ import pytest
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 pytest_plugins = ["parity.pytest_plugin", "pytester"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _interpret_effort():
+    from parity.execute import compile_log
+
+    compile_log.install()
 
 
 @pytest.hookimpl(wrapper=True)

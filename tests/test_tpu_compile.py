@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from cases import Case, get_suite
@@ -135,6 +138,31 @@ def test_tpu_compiles_stay_out_of_the_persistent_cache_and_cpu_programs_go_in(tm
     assert after_tpu == before, probe  # the TPU compile wrote no entry
     assert after_cpu > after_tpu, probe  # the cache still takes XLA:CPU programs
     assert "Error reading persistent compilation cache" not in out.stderr
+
+
+@requires_libtpu
+def test_interpret_compiles_use_the_elemental_emitter_and_tpu_compiles_do_not():
+    """With most optimisations off (interpret mode, a test session), an XLA:CPU compile gets
+    `xla_cpu_use_fusion_emitters` false (compile_log.install: the MLIR fusion emitters run a pass
+    pipeline per fusion, and an interpret-mode kernel is hundreds of them); a caller's own value wins;
+    at XLA's defaults, and for a TPU target always, the options are jax's own."""
+    from jax._src import compiler
+
+    compile_log.install()
+    assert compile_log.interpret_effort().endswith("elemental IR emitter)")  # this XLA has the option
+    cpu, tpu = jax.devices("cpu")[0].client, tpu_compile.device("v5e").client
+    overrides = lambda backend, **kw: dict(
+        compiler.get_compile_options(1, 1, backend=backend, **kw).env_option_overrides
+    )
+    with compile_log.optimisation(disabled=True):
+        assert overrides(cpu) == {compile_log.EMITTER_OPTION: False}
+        assert overrides(cpu, env_options_overrides={compile_log.EMITTER_OPTION: True}) == {
+            compile_log.EMITTER_OPTION: True
+        }
+        assert overrides(tpu) == {}
+        assert float(jax.jit(lambda x: jnp.exp(x) * 2)(jnp.float32(1.0))) == pytest.approx(2 * np.e, rel=1e-6)
+    with compile_log.optimisation(disabled=False):
+        assert overrides(cpu) == {}
 
 
 def _suite_parts():

@@ -93,7 +93,7 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
         "optimisations_off": True,  # interpret mode compiles for compile time (compile_log.optimisation)
         "cache_writes": True,  # jax's default: interpret-mode programs may go to a run's cache
     }
-    assert ex.notes["interpret_compile"] == compile_log.INTERPRET_EFFORT
+    assert ex.notes["interpret_compile"] == compile_log.interpret_effort()
     _cpu_answers()
     with tpu_identity.exported(("v6e", "--tpu-interpret-as")):
         ex = _candidate("tpu_info_block").run(CASE, inputs)

@@ -9,10 +9,16 @@ Effort (`optimisation`): a kernel run in TPU interpret mode is an XLA:CPU progra
 run; at XLA's default optimisation its compile is nearly all of the run (gla fwd+bwd at T=100:
 about 50 s of compile for 0.4 s of execution). Interpret mode compiles with most optimisations
 off (jax_disable_most_optimizations: XLA's backend optimisation level 0), about half the compile
-time for a third more execution time. The results move by an ulp or so in elementwise float32
-code (no reassociation either way; LLVM's contraction of multiply-adds differs), which emulates
-the TPU's vector unit no more and no less faithfully. The MXU model is unchanged: its passes'
-products are exact in float32. TPU compiles always run at the compiler's defaults (`for_tpu`)."""
+time for a third more execution time. With most optimisations off, XLA:CPU also emits each fusion
+with its elemental IR emitter instead of its MLIR fusion emitters (`xla_cpu_use_fusion_emitters`
+false, added to every XLA:CPU compile's options by `install`): those run an MLIR pass pipeline per
+fusion, and an interpret-mode kernel is hundreds of small fusions (gla fwd+bwd, T=64, K=V=256:
+7.0 s of compile, 3.7 s with the elemental emitter, on this 2-core CPU). The results move by an
+ulp or so in elementwise float32 code (no reassociation either way; LLVM's contraction of
+multiply-adds and the exp/log approximations differ: 1e-7 relative on gla's dg and kda's outputs,
+0 on most tensors), which emulates the TPU's vector unit no more and no less faithfully. The MXU
+model is unchanged: its passes' products are exact in float32. TPU compiles always run at the
+compiler's defaults (`for_tpu`)."""
 
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ import contextlib
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event name
 
-_state: dict = {"installed": False, "compiles": 0, "seconds": 0.0, "programs": []}
+_state: dict = {"installed": False, "compiles": 0, "seconds": 0.0, "programs": [], "emitter": None}
+EMITTER_OPTION = "xla_cpu_use_fusion_emitters"  # XLA:CPU's compile option: False = the elemental IR emitter
 
 
 def _on_event(event: str, seconds: float, **kw) -> None:
@@ -31,13 +38,39 @@ def _on_event(event: str, seconds: float, **kw) -> None:
 
 
 def install() -> None:
-    """Start counting (once per process; jax is imported here, so only where a jax backend runs)."""
+    """Start counting, and compile with the elemental emitter under most optimisations off (once per
+    process; jax is imported here, so only where a jax backend runs)."""
     if _state["installed"]:
         return
     from jax import monitoring
 
     monitoring.register_event_duration_secs_listener(_on_event)
+    _install_emitter()
     _state["installed"] = True
+
+
+def _install_emitter() -> None:
+    """jax's compile options, with EMITTER_OPTION False added for an XLA:CPU compile while jax's
+    most optimisations are off (a caller's own value for it wins). Only where this jaxlib's XLA
+    knows the option (a trivial program compiles with it); elsewhere XLA:CPU's default emitter, and
+    INTERPRET_EFFORT says so."""
+    import jax
+    from jax._src import compiler
+
+    try:
+        jax.jit(lambda x: x + 1, compiler_options={EMITTER_OPTION: False}, backend="cpu")(1.0)
+    except Exception:  # noqa: BLE001 - XLA: "No such compile option"
+        _state["emitter"] = "fusion emitters (this XLA has no elemental-emitter option)"
+        return
+    original = compiler.get_compile_options
+
+    def get_compile_options(*args, env_options_overrides=None, backend=None, **kw):
+        if backend is not None and backend.platform == "cpu" and read_flag("jax_disable_most_optimizations"):
+            env_options_overrides = {EMITTER_OPTION: False, **(env_options_overrides or {})}
+        return original(*args, env_options_overrides=env_options_overrides, backend=backend, **kw)
+
+    compiler.get_compile_options = get_compile_options
+    _state["emitter"] = "elemental IR emitter"
 
 
 def take() -> dict:
@@ -50,7 +83,11 @@ def take() -> dict:
     return out
 
 
-INTERPRET_EFFORT = "XLA:CPU with most optimisations off (backend optimisation level 0)"
+def interpret_effort() -> str:
+    """How hard XLA:CPU works on an interpret-mode program, as records state it (after install)."""
+    return (
+        f"XLA:CPU with most optimisations off (backend optimisation level 0, {_state['emitter'] or 'default emitter'})"
+    )
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ Both run on a TPU when one is present; elsewhere inside TPU interpret mode
 kernels_jax.common.platform.interpret_mode), so third-party Pallas TPU kernels run unchanged on
 CPU, with jax's TPU queries (`pltpu.get_tpu_info()`, ...) answering as one TPU generation would
 (parity.execute.tpu_identity), stated in the record's `notes.tpu_identity`, and compiled by
-XLA:CPU with most optimisations off (parity.execute.compile_log.optimisation: about half the
-compile time of an interpret-mode run), stated in `notes.interpret_compile`.
+XLA:CPU with most optimisations off and its elemental emitter (parity.execute.compile_log: about a
+quarter of the compile time at XLA's defaults), stated in `notes.interpret_compile`.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def _interpreting(force: bool):
     from jax.experimental.pallas import tpu as pltpu  # late: jax is heavy
 
     target, source = tpu_identity.interpret_target()
+    compile_log.install()
     with (
         pltpu.force_tpu_interpret_mode() if force else contextlib.nullcontext(),
         tpu_identity.emulated(target),
@@ -74,7 +75,7 @@ def _interpreting(force: bool):
     ):
         yield {
             "tpu_identity": tpu_identity.describe(target, source),
-            "interpret_compile": compile_log.INTERPRET_EFFORT,
+            "interpret_compile": compile_log.interpret_effort(),
             "tpu_numerics": tpu_numerics.decision(),
         }
 
