@@ -8,7 +8,8 @@ Tests compile their jax programs with most of XLA's optimisations off and XLA:CP
 emitter, as TPU interpret mode does for the harness's own runs (parity.execute.compile_log): the
 kernels the tests call directly compile in about a quarter of the time; TPU compiles keep the
 compiler's defaults regardless. The flag is set before jax is imported (jax reads it then; spawned
-workers inherit it), the emitter once per test process (`_interpret_effort`).
+workers inherit it), the emitter once per test process (`_interpret_effort`), with TPU interpret
+mode's callbacks as the harness calls them (parity.execute.interpret_callbacks).
 
 Every test function runs with room on CPython's frame stack (parity.execute.stack_room): its
 speed does not depend on how deep pytest and xdist call it.
@@ -26,9 +27,10 @@ pytest_plugins = ["parity.pytest_plugin", "pytester"]
 
 @pytest.fixture(scope="session", autouse=True)
 def _interpret_effort():
-    from parity.execute import compile_log
+    from parity.execute import compile_log, interpret_callbacks
 
     compile_log.install()
+    interpret_callbacks.install()
 
 
 @pytest.hookimpl(wrapper=True)

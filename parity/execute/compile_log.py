@@ -58,7 +58,8 @@ def _install_emitter() -> None:
     from jax._src import compiler
 
     try:
-        jax.jit(lambda x: x + 1, compiler_options={EMITTER_OPTION: False}, backend="cpu")(1.0)
+        one = jax.device_put(1.0, jax.local_devices(backend="cpu")[0])
+        jax.jit(lambda x: x + 1, compiler_options={EMITTER_OPTION: False})(one)
     except Exception:  # noqa: BLE001 - XLA: "No such compile option"
         _state["emitter"] = "fusion emitters (this XLA has no elemental-emitter option)"
         return
