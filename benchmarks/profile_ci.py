@@ -3,6 +3,8 @@ and print the profile.
 
     bash scripts/test.sh                     # writes reports/timing/ and reports/pytest/
     .venv/bin/python benchmarks/profile_ci.py [--timing reports/timing] [--records reports/pytest] [--top 15]
+    .venv/bin/python benchmarks/profile_ci.py --before OLD/reports/timing --before-records OLD/reports/pytest
+                                             # the same tables with an earlier run's figures beside
 
 Prints four tables:
   phases      wall time of each step of scripts/test.sh (set-up, ruff, lint-imports, the two
@@ -67,41 +69,65 @@ def backend_times(records: Path) -> tuple[dict, dict]:
     return run, comp
 
 
+def module_seconds(timing: Path) -> dict[str, dict[str, list]]:
+    """pass -> test module -> [tests, summed test seconds]."""
+    out: dict[str, dict[str, list]] = {}
+    for xml in sorted(timing.glob("*.xml")):
+        per = out.setdefault(xml.stem, collections.defaultdict(lambda: [0, 0.0]))
+        for module, _, secs, _ in junit_tests(xml):
+            per[module][0] += 1
+            per[module][1] += secs
+    return out
+
+
+def _before(table: dict, key) -> str:
+    """The earlier run's figure beside this one's ('' without --before)."""
+    if table is None:
+        return ""
+    return f"  (before {table[key]:7.0f})" if key in table else "  (before       -)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timing", type=Path, default=Path("reports/timing"))
     ap.add_argument("--records", type=Path, default=Path("reports/pytest"))
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--before", type=Path, help="an earlier run's timing directory, shown beside")
+    ap.add_argument("--before-records", type=Path, help="an earlier run's parity records, shown beside")
     a = ap.parse_args()
 
     rows = phases(a.timing)
+    old = {name: secs for name, secs, _ in phases(a.before)} if a.before else None
     print("## phases (wall seconds)")
     for name, secs, rc in rows or [("(no reports/timing/phases.txt: run bash scripts/test.sh)", 0.0, "")]:
-        print(f"  {name:40s} {secs:7.0f} {('exit ' + rc) if rc else ''}")
+        print(f"  {name:40s} {secs:7.0f}{_before(old, name)} {('exit ' + rc) if rc else ''}")
 
-    tests = []
-    for xml in sorted(a.timing.glob("*.xml")):
-        pass_rows = [(xml.stem, *r) for r in junit_tests(xml)]
-        tests += pass_rows
-        total = sum(r[3] for r in pass_rows) or 1.0
-        per = collections.defaultdict(lambda: [0, 0.0])
-        for _, module, _, secs, _ in pass_rows:
-            per[module][0] += 1
-            per[module][1] += secs
-        print(f"\n## {xml.stem} pass: test modules (test seconds, summed over workers: {total:.0f})")
+    tests = [(xml.stem, *r) for xml in sorted(a.timing.glob("*.xml")) for r in junit_tests(xml)]
+    earlier = module_seconds(a.before) if a.before else {}
+    for p, per in module_seconds(a.timing).items():
+        total = sum(secs for _, secs in per.values()) or 1.0
+        old = {m: secs for m, (_, secs) in earlier.get(p, {}).items()} if a.before else None
+        if old is not None:
+            old["(all)"] = sum(old.values())
+        print(f"\n## {p} pass: test modules (test seconds, summed over workers: {total:.0f}{_before(old, '(all)')})")
         for module, (n, secs) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-            print(f"  {module:40s} {n:5d} tests {secs:8.1f} s {100 * secs / total:5.1f}%")
+            print(f"  {module:40s} {n:5d} tests {secs:8.1f} s {100 * secs / total:5.1f}%{_before(old, module)}")
 
     print(f"\n## slowest {a.top} tests")
     for p, module, name, secs, outcome in sorted(tests, key=lambda r: -r[3])[: a.top]:
         print(f"  {secs:7.1f} s  [{p}] {module}::{name} {'' if outcome == 'ok' else outcome}")
 
     run, comp = backend_times(a.records)
+    old_run, old_comp = backend_times(a.before_records) if a.before_records else (None, None)
+    old_run = {k: v[1] for k, v in old_run.items()} if old_run is not None else None
+    old_comp = {k: v[1] for k, v in old_comp.items()} if old_comp is not None else None
     print(f"\n## parity records under {a.records}: backend seconds per op")
     for (backend, op), (n, secs) in sorted(run.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {backend:14s} {op:11s} {n:4d} cases {secs:8.1f} s  ({secs / n:5.1f} s/case)")
+        line = f"  {backend:14s} {op:11s} {n:4d} cases {secs:8.1f} s  ({secs / n:5.1f} s/case)"
+        print(line + _before(old_run, (backend, op)))
     for target, (n, secs) in sorted(comp.items()):
-        print(f"  TPU compile {target:7s}        {n:4d} compiles {secs:6.1f} s  ({secs / n:5.1f} s each)")
+        line = f"  TPU compile {target:7s}        {n:4d} compiles {secs:6.1f} s  ({secs / n:5.1f} s each)"
+        print(line + _before(old_comp, target))
     return 0
 
 

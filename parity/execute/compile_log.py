@@ -44,16 +44,17 @@ def install() -> None:
         return
     from jax import monitoring
 
+    _install_emitter()  # its probe compile is not counted
     monitoring.register_event_duration_secs_listener(_on_event)
-    _install_emitter()
     _state["installed"] = True
 
 
 def _install_emitter() -> None:
-    """jax's compile options, with EMITTER_OPTION False added for an XLA:CPU compile while jax's
+    """jax's compile options (jax._src.compiler.get_compile_options, where jax itself applies
+    jax_disable_most_optimizations), with EMITTER_OPTION False added for an XLA:CPU compile while
     most optimisations are off (a caller's own value for it wins). Only where this jaxlib's XLA
     knows the option (a trivial program compiles with it); elsewhere XLA:CPU's default emitter, and
-    INTERPRET_EFFORT says so."""
+    interpret_effort() says so."""
     import jax
     from jax._src import compiler
 
@@ -86,9 +87,8 @@ def take() -> dict:
 
 def interpret_effort() -> str:
     """How hard XLA:CPU works on an interpret-mode program, as records state it (after install)."""
-    return (
-        f"XLA:CPU with most optimisations off (backend optimisation level 0, {_state['emitter'] or 'default emitter'})"
-    )
+    emitter = _state["emitter"] or "default emitter"
+    return f"XLA:CPU with most optimisations off (backend optimisation level 0, {emitter})"
 
 
 @contextlib.contextmanager

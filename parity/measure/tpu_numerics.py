@@ -208,8 +208,8 @@ def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passe
         return _pass(a[terms[0][0]], b[terms[0][1]], dimension_numbers).astype(out_dtype)
     (lc, rc), (lb, rb) = dimension_numbers
     shift = lambda dims: tuple(d + 1 for d in dims)
-    stacked = (((shift(lc), shift(rc)), ((0, *shift(lb)), (0, *shift(rb)))),)
-    parts = _pass(jnp.stack([a[i] for i, _ in terms]), jnp.stack([b[j] for _, j in terms]), *stacked)
+    stacked = ((shift(lc), shift(rc)), ((0, *shift(lb)), (0, *shift(rb))))  # the passes: a batch axis in front
+    parts = _pass(jnp.stack([a[i] for i, _ in terms]), jnp.stack([b[j] for _, j in terms]), stacked)
     total = parts[0]
     for k in range(1, len(terms)):
         total = total + parts[k]
