@@ -118,9 +118,9 @@ def main() -> int:
         print(f"  {secs:7.1f} s  [{p}] {module}::{name} {'' if outcome == 'ok' else outcome}")
 
     run, comp = backend_times(a.records)
-    old_run, old_comp = backend_times(a.before_records) if a.before_records else (None, None)
-    old_run = {k: v[1] for k, v in old_run.items()} if old_run is not None else None
-    old_comp = {k: v[1] for k, v in old_comp.items()} if old_comp is not None else None
+    old_run = old_comp = None
+    if a.before_records:
+        old_run, old_comp = ({k: secs for k, (_, secs) in t.items()} for t in backend_times(a.before_records))
     print(f"\n## parity records under {a.records}: backend seconds per op")
     for (backend, op), (n, secs) in sorted(run.items(), key=lambda kv: -kv[1][1]):
         line = f"  {backend:14s} {op:11s} {n:4d} cases {secs:8.1f} s  ({secs / n:5.1f} s/case)"

@@ -203,17 +203,15 @@ def emulated_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passe
     import jax.numpy as jnp
 
     a, b, terms = _pieces(lhs, rhs, n_passes)
-    out_dtype = preferred_element_type or jnp.result_type(lhs, rhs)
     if len(terms) == 1:
-        return _pass(a[terms[0][0]], b[terms[0][1]], dimension_numbers).astype(out_dtype)
-    (lc, rc), (lb, rb) = dimension_numbers
-    shift = lambda dims: tuple(d + 1 for d in dims)
-    stacked = ((shift(lc), shift(rc)), ((0, *shift(lb)), (0, *shift(rb))))  # the passes: a batch axis in front
-    parts = _pass(jnp.stack([a[i] for i, _ in terms]), jnp.stack([b[j] for _, j in terms]), stacked)
-    total = parts[0]
-    for k in range(1, len(terms)):
-        total = total + parts[k]
-    return total.astype(out_dtype)
+        parts = [_pass(a[terms[0][0]], b[terms[0][1]], dimension_numbers)]
+    else:
+        (lc, rc), (lb, rb) = dimension_numbers
+        shift = lambda dims: tuple(d + 1 for d in dims)
+        stacked = ((shift(lc), shift(rc)), ((0, *shift(lb)), (0, *shift(rb))))  # the passes: a batch axis in front
+        batched = _pass(jnp.stack([a[i] for i, _ in terms]), jnp.stack([b[j] for _, j in terms]), stacked)
+        parts = [batched[k] for k in range(len(terms))]
+    return _summed(parts, preferred_element_type or jnp.result_type(lhs, rhs))
 
 
 def per_pass_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passes: int):
@@ -222,11 +220,16 @@ def per_pass_dot(lhs, rhs, *, dimension_numbers, preferred_element_type, n_passe
     import jax.numpy as jnp
 
     a, b, terms = _pieces(lhs, rhs, n_passes)
-    total = None
-    for i, j in terms:
-        part = _pass(a[i], b[j], dimension_numbers)
-        total = part if total is None else total + part
-    return total.astype(preferred_element_type or jnp.result_type(lhs, rhs))
+    parts = [_pass(a[i], b[j], dimension_numbers) for i, j in terms]
+    return _summed(parts, preferred_element_type or jnp.result_type(lhs, rhs))
+
+
+def _summed(parts, out_dtype):
+    """The passes' float32 results added in their order (_TERMS'), then cast to the dot's dtype."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total.astype(out_dtype)
 
 
 def _pieces(lhs, rhs, n_passes: int):
