@@ -209,7 +209,11 @@ def test_plan_matches_a_token_walk_host_and_traced(B, T, C, cu):
     for name, w in want.items():
         np.testing.assert_array_equal(np.asarray(getattr(host, name)), w, err_msg=name)
     x = jnp.arange(B * T, dtype=jnp.float32).reshape(B, T, 1, 1) + 1
+    # every slot holds the token the walk puts there (0 for padding), rows or packed sequences
+    walked = np.concatenate([np.asarray(x).reshape(B * T), [0]])[want["src"]].reshape(1, -1, 1)
+    np.testing.assert_array_equal(host.pack(x), walked)
     np.testing.assert_array_equal(host.unpack(host.pack(x)), x)
+    assert host.rows == (cu is None)
     if cu is None:
         return
     traced = jax.jit(lambda c: layout_mod.plan(B, T, C, c))(jnp.asarray(cu, jnp.int32))

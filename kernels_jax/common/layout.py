@@ -16,6 +16,10 @@ passes through. Per chunk c, int32 [NT] tables (scalar prefetch for the kernels)
 (numpy) NT is exact; with traced cu_seqlens (under jit) NT is the static bound T // C + N and
 the spare chunks at the end are padding of the last sequence. The same fields either way
 (FLA's `prepare_chunk_indices`, prepared once for every op).
+
+Packing is a gather by the `src` table, except for B rows of T tokens (`rows`): there each row
+is T tokens zero-padded to whole chunks, and pack / unpack are a pad, a reshape and a transpose
+(the same values; no gather for the TPU to run, or for XLA to compile, at realistic shapes).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class ChunkLayout:
     length: object  # int32 [NT]
     src: object  # int32 [NT * C]: token of each slot, B * T for padding
     dst: object  # int32 [B * T]: slot of each token
+    rows: bool = False  # B rows of T tokens (no cu_seqlens): NT / B chunks per row, rows in order
 
     def tree_flatten(self):
         return (self.seq, self.first, self.last, self.length, self.src, self.dst), (
@@ -62,11 +67,13 @@ class ChunkLayout:
             self.C,
             self.N,
             self.NT,
+            self.rows,
         )
 
     @classmethod
     def tree_unflatten(cls, sizes, tables):
-        return cls(*sizes, *tables)
+        *sizes, rows = sizes
+        return cls(*sizes, *tables, rows=rows)
 
     @property
     def slots(self) -> int:
@@ -87,14 +94,21 @@ class ChunkLayout:
         dim to this size (the kernels' padded head dim)."""
         if width is not None and width != x.shape[-1]:
             x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+        if self.rows:  # [B, T] -> [B, NT / B * C] by zero padding; rows of whole chunks, in order
+            x = jnp.pad(x, [(0, 0), (0, self.slots // self.B - self.T)] + [(0, 0)] * (x.ndim - 2))
+            return jnp.moveaxis(x.reshape((self.slots,) + x.shape[2:]), 0, 1)
         flat = x.reshape((self.B * self.T,) + x.shape[2:])
         flat = jnp.concatenate([flat, jnp.zeros_like(flat[:1])], axis=0)
         return jnp.moveaxis(jnp.take(flat, jnp.asarray(self.src, jnp.int32), axis=0), 0, 1)
 
     def unpack(self, y, width: int | None = None):
         """y [H, NT * C, *D] -> [B, T, H, *D]; width: keep the first `width` of the last dim."""
-        y = jnp.take(jnp.moveaxis(y, 0, 1), jnp.asarray(self.dst, jnp.int32), axis=0)
-        y = y.reshape((self.B, self.T) + y.shape[1:])
+        y = jnp.moveaxis(y, 0, 1)
+        if self.rows:
+            y = y.reshape((self.B, self.slots // self.B) + y.shape[1:])[:, : self.T]
+        else:
+            y = jnp.take(y, jnp.asarray(self.dst, jnp.int32), axis=0)
+            y = y.reshape((self.B, self.T) + y.shape[1:])
         return y if width is None else y[..., :width]
 
 
@@ -123,4 +137,4 @@ def plan(B: int, T: int, C: int, cu_seqlens=None) -> ChunkLayout:
     t = xp.arange(B * T, dtype=xp.int32)
     tok_seq = xp.clip(xp.searchsorted(cu[1:], t, side="right"), 0, N - 1)
     dst = (start[tok_seq] * C + t - cu[tok_seq]).astype(xp.int32)
-    return ChunkLayout(B, T, C, N, NT, seq, first, last, length, src, dst)
+    return ChunkLayout(B, T, C, N, NT, seq, first, last, length, src, dst, rows=cu_seqlens is None)
