@@ -153,46 +153,70 @@ def test_autotuner_takes_the_first_config_without_benchmarking():
     assert x[:4].tolist() == [4] * 4 and x[4:].tolist() == [0] * 4
 
 
-def test_a_neutral_parameter_takes_its_largest_value_and_nothing_else_changes():
+def test_neutral_parameters_take_their_largest_values_and_nothing_else_changes():
     from parity.execute.backends.triton_interpreter import choose_config
 
     configs = [triton.Config({"BH": bh, "BT": bt}, num_warps=w) for bt in (16, 32) for bh in (1, 2, 8) for w in (1, 4)]
     chosen = choose_config("chunk_kda_fwd_kernel_intra_token_parallel", configs)
     assert chosen.kwargs == {"BH": 8, "BT": 16}  # BT stays the first config's
     assert choose_config("some_other_kernel", configs) is configs[0]
+    configs = [triton.Config({"BK": bk, "BV": bv}, num_warps=w) for bk in (32, 64) for bv in (32, 64) for w in (1, 4)]
+    assert choose_config("chunk_fwd_kernel_h", configs).kwargs == {"BK": 64, "BV": 64}
+    assert choose_config("chunk_gla_fwd_kernel_o", configs) is configs[0]  # its dot sums over K: BK is not neutral
 
 
-def test_heads_per_program_instance_change_no_bit_of_fla_kda(monkeypatch):
-    """Fix 1's neutral parameter: FLA's kda with BH = 8 heads per program instance (H = 3: one
-    instance per token, lanes past H masked) equals the first config's BH = 1, every tensor,
-    bit for bit, forward and backward."""
+# (case, kernel, the grid axis that counts its program instances, its sizes with NEUTRAL_PARAMS and without)
+NEUTRAL_CASES = [
+    # kda's BH: H = 3 heads, one instance per token, lanes past H masked: all 3 heads, then 1
+    (Case("kda", 1, 40, 3, 32, 32, dtype="bfloat16", chunk_size=32, gate="g_logsig", h0=True, ht=True),
+     "chunk_kda_fwd_kernel_intra_token_parallel", 1, (1, 3)),
+    # the state kernels' BK, BV: K = 64, V = 128 in 1 x 2 blocks of (64, 64), then 2 x 4 of (32, 32),
+    # per sequence and head (2 of them)
+    (Case("gla", 1, 80, 2, 64, 128, dtype="bfloat16", gate="g_logsig", h0=True, ht=True),
+     "chunk_fwd_kernel_h", 0, (4, 16)),
+    (Case("simple_gla", 1, 90, 1, 64, 128, gate="g_logsig", h0=True, ht=True, seqlens=(37, 53)),
+     "chunk_bwd_kernel_dh", 0, (4, 16)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,kernel,axis,instances", NEUTRAL_CASES, ids=lambda x: getattr(x, "id", None))
+def test_neutral_parameters_change_no_bit_of_fla(monkeypatch, case, kernel, axis, instances):
+    """Fix 1's neutral parameters: FLA with them at their largest (fewer program instances)
+    equals FLA with the first config, every tensor, bit for bit, forward and backward."""
     from triton.runtime import interpreter
 
-    case = Case("kda", 1, 40, 3, 32, 32, dtype="bfloat16", chunk_size=32, gate="g_logsig", h0=True, ht=True)
     inputs = make_inputs(case)
     grids = []
     launch = interpreter.GridExecutor.__call__
 
     def record_grid(self, *a, **kw):
-        if self.fn.__name__ == "chunk_kda_fwd_kernel_intra_token_parallel":
+        if self.fn.__name__ == kernel:
             grids.append(self.grid(kw) if callable(self.grid) else self.grid)
         return launch(self, *a, **kw)
 
-    monkeypatch.setattr(interpreter.GridExecutor, "__call__", record_grid)
-    from fla.ops.kda import chunk_intra_token_parallel
+    def tuners():  # the autotuners keep the config chosen per key: choose afresh
+        import triton.runtime.autotuner as autotuner
 
-    tuner = chunk_intra_token_parallel.chunk_kda_fwd_kernel_intra_token_parallel
-    while not hasattr(tuner, "cache"):  # under @triton.heuristics
-        tuner = tuner.fn
-    monkeypatch.setattr(tuner, "cache", {})  # the config chosen per key is kept: choose afresh
-    batched = FlaBackend().run(case, inputs).tensors
+        for module in [m for n, m in sys.modules.items() if n.startswith("fla.ops.") and m is not None]:
+            for obj in vars(module).values():
+                while obj is not None and not isinstance(obj, autotuner.Autotuner) and hasattr(obj, "fn"):
+                    obj = obj.fn
+                if isinstance(obj, autotuner.Autotuner) and obj.base_fn.__name__ == kernel:
+                    monkeypatch.setattr(obj, "cache", {})
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", record_grid)
+    FlaBackend().run(case, inputs)  # imports the kernel's module
+    tuners()
+    grids.clear()
+    neutral = FlaBackend().run(case, inputs).tensors
     monkeypatch.setattr(triton_interpreter, "NEUTRAL_PARAMS", {})
-    monkeypatch.setattr(tuner, "cache", {})
+    tuners()
     first = FlaBackend().run(case, inputs).tensors
-    assert set(batched) == set(first) == set(case.output_names())
+    assert set(neutral) == set(first) == set(case.output_names()) - {"dg_gamma"}
     for name in first:
-        assert np.array_equal(batched[name], first[name], equal_nan=True), name
-    assert [tuple(g)[1] for g in grids] == [1, 3], grids  # heads per instance: all 3, then 1
+        assert np.array_equal(neutral[name], first[name], equal_nan=True), name
+    counts = sorted({tuple(g)[axis] for g in grids})
+    assert (counts[0], counts[-1]) == instances, grids
 
 
 def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers(monkeypatch):
@@ -271,6 +295,21 @@ def test_fla_in_the_interpreter_is_within_tolerance_of_the_oracle(case):
         assert m["verdict"] == "pass", (name, m["rel_rms"], m["tol"], m["nan"], m["inf"])
 
 
+def test_fla_takes_an_h100s_tiles_in_the_interpreter():
+    """FLA sizes its tiles at import from the GPU's shared memory: in the interpreter they are an
+    H100's (on a CPU its probe would find none: BK 16 and 32-wide chunk tiles, no H100's)."""
+    from fla.ops.common import chunk_h, chunk_o
+    from fla.ops.gla import chunk as gla_chunk
+    from fla.utils import check_shared_mem
+
+    case = FLA_CASES[0]
+    ex = FlaBackend().run(case, make_inputs(case))
+    assert "H100 tiles" in ex.numerics and "H100" in ex.notes["emulation"]
+    assert check_shared_mem("hopper") and check_shared_mem("ampere")
+    assert chunk_h.BKV_LIST == [32, 64] and chunk_o.BKV_LIST == [64, 128]
+    assert gla_chunk.BK_LIST == [32, 64] and gla_chunk.BV_LIST == [64, 128]
+
+
 def test_fla_gives_no_g_gamma_gradient_and_says_so():
     case = next(c for c in FLA_CASES if c.uses_g_gamma)
     ex = FlaBackend().run(case, make_inputs(case))
@@ -291,3 +330,18 @@ def test_fla_imported_for_a_gpu_is_refused_with_the_fix():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode != 0
     assert "TRITON_INTERPRET=1" in p.stderr and "FlaImportedTooEarly" in p.stderr
+
+
+def test_fla_interpreted_with_a_cpus_tiles_is_refused_with_the_fix():
+    """fla imported interpreted but before request(): its tiles are no H100's, and the backend says so."""
+    code = (
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "import fla.ops.simple_gla\n"
+        "from cases import Case, make_inputs\n"
+        "from parity.execute.backends.fla import FlaBackend\n"
+        "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
+        "FlaBackend().run(c, make_inputs(c))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "FlaImportedTooEarly" in p.stderr and "not an H100" in p.stderr, p.stderr[-2000:]

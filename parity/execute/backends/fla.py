@@ -68,7 +68,14 @@ def _kernel(case: Case, cuda: bool):
                 "parity.execute.backends.triton_interpreter.request()) first"
             )
     module, name = FLA_KERNELS[case.op]
-    return getattr(importlib.import_module(module), name)
+    kernel = getattr(importlib.import_module(module), name)
+    if not cuda and not triton_interpreter.fla_tiles_are_an_h100s():
+        raise FlaImportedTooEarly(
+            "fla was imported before parity.execute.backends.triton_interpreter.request(), so it sized "
+            "its tiles for a GPU without shared memory, not an H100; import parity.execute.backends.fla "
+            "(or call request()) first"
+        )
+    return kernel
 
 
 def _versions() -> dict[str, str]:
@@ -140,7 +147,10 @@ class FlaBackend:
             platform = "cpu:triton-interpreter"
         notes = {"chunk_size": chunk}
         if not cuda:
-            notes["emulation"] = "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU"
+            notes["emulation"] = (
+                "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU; "
+                "tiles sized for an H100's shared memory"
+            )
         missing = {
             n: "FLA's autograd returns no gradient for it"
             for n in case.output_names()
@@ -151,7 +161,7 @@ class FlaBackend:
         if cuda:
             numerics = "cuda"
         else:
-            numerics = f"triton-interpreter-gpu-v1 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne)"
+            numerics = f"triton-interpreter-gpu-v2 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, H100 tiles)"
         return Execution(
             tensors=tensors,
             platform=platform,

@@ -3,13 +3,14 @@
 `TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but three things stop
 FLA's kernels from running or from computing the right numbers there (shared/DESIGN.md).
 `enable()` handles them by patching the imported triton classes at run time; no installed
-file is modified (and makes the interpreter faster, 4.):
+file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5.):
 
 1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
    first config that survives the kernel's own pruning is taken, without benchmarking;
-   except that a parameter known to leave every output bit unchanged (NEUTRAL_PARAMS: how
-   many heads one program instance handles) takes its largest value among the configs
-   otherwise equal to that first one, since the interpreter's time is per program instance
+   except that parameters known to leave every output bit unchanged (NEUTRAL_PARAMS: how
+   many heads one program instance handles; the state's key and value blocks of the kernels
+   whose dots sum over time alone) take their largest values among the configs otherwise
+   equal to that first one, since the interpreter's time is per program instance
    (tests/test_fla_backend.py compares the outputs bit for bit).
 2. A plain Python `range` (and `tl.range`) loop variable is a tensor in a compiled kernel
    (FLA calls `i_t.to(tl.int64)` on it) but an int in the interpreter. Kernel sources are
@@ -21,7 +22,13 @@ file is modified (and makes the interpreter faster, 4.):
    default input precision ("tf32", which FLA's kernels use) rounds its operands to
    TF32 (10 mantissa bits; by truncation, see TF32_ROUNDING) and accumulates in float32;
    "ieee" and "tf32x3" dots stay exact float32.
-4. Speed: every call of a `@triton.jit` helper from inside a kernel re-patches
+4. FLA sizes its tiles and autotune config lists at import from the GPU's shared memory
+   (`fla.utils.check_shared_mem`): on a CPU its probe finds no GPU, and FLA takes the tiles of
+   the smallest GPU (BK 16, 32-wide chunk tiles), which no H100 runs. The probe answers as an
+   H100 (and H200) does, SHARED_MEMORY bytes, so FLA takes an H100's tiles (BK 32 or 64, 128-wide
+   tiles: its sums over K in the H100's blocks, and 4-16x fewer program instances to interpret).
+   FLA's other probes (IS_NVIDIA_HOPPER: warps, Hopper-only backends) stay a CPU's.
+5. Speed: every call of a `@triton.jit` helper from inside a kernel re-patches
    triton.language for the interpreter (inspect.getmembers over tl, tl.core, tl.math, ...),
    although the kernel's launch has patched it already and restores it when it ends: on
    kda-fwdbwd-B2-T128-H2-K64-V64-fp32-C64-g_stress-h0-ht 17,504 such calls took 25 s of
@@ -33,7 +40,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 
 import numpy as np
 
@@ -58,8 +68,10 @@ def to_tf32(x: np.ndarray) -> np.ndarray:
 
 
 def request() -> None:
-    """Ask for interpreted kernels: must happen before the kernels' modules are imported."""
+    """Ask for interpreted kernels with an H100's tiles (4.): must happen before the kernels'
+    modules are imported."""
     os.environ["TRITON_INTERPRET"] = "1"
+    _answer_shared_memory_as_an_h100()
 
 
 def interpreting_fla() -> bool:
@@ -97,24 +109,31 @@ def enable() -> None:
 # 1. autotuning ---------------------------------------------------------------------------
 
 
-# kernel name -> a meta-parameter that only batches independent work into one program
-# instance: chunk_kda_fwd_kernel_intra_token_parallel's BH, the heads of one token per
-# instance (each head's arithmetic is the same masked lanes whatever BH is; grid (B*T,
-# cdiv(H, BH)), so a larger BH means fewer instances to interpret)
-NEUTRAL_PARAMS = {"chunk_kda_fwd_kernel_intra_token_parallel": "BH"}
+# kernel name -> meta-parameters that only batch independent work into one program instance:
+# - chunk_kda_fwd_kernel_intra_token_parallel's BH, the heads of one token per instance (each
+#   head's arithmetic is the same masked lanes whatever BH is; grid (B*T, cdiv(H, BH)));
+# - the state kernels' BK and BV, the block of the [K, V] state one instance owns: every dot in
+#   them sums over the chunk's tokens (h += k^T v, dh += q^T do), every gate is per element,
+#   so no state entry depends on the block it sits in (grid (cdiv(K, BK) * cdiv(V, BV), N * H)).
+# Larger values mean fewer instances to interpret.
+NEUTRAL_PARAMS = {
+    "chunk_kda_fwd_kernel_intra_token_parallel": ("BH",),
+    "chunk_fwd_kernel_h": ("BK", "BV"),
+    "chunk_bwd_kernel_dh": ("BK", "BV"),
+}
 
 
 def choose_config(kernel: str, configs: list):
-    """The config the interpreter runs: the first, with its NEUTRAL_PARAMS parameter raised
-    to the largest value among the configs that differ from the first only there (and in
+    """The config the interpreter runs: the first, with its NEUTRAL_PARAMS parameters raised to
+    the largest values among the configs that differ from the first only there (and in
     num_warps / num_stages, which the interpreter ignores)."""
     first = configs[0]
-    param = NEUTRAL_PARAMS.get(kernel)
-    if param is None or param not in first.kwargs:
+    params = [p for p in NEUTRAL_PARAMS.get(kernel, ()) if p in first.kwargs]
+    if not params:
         return first
-    rest = {k: v for k, v in first.kwargs.items() if k != param}
-    same = [c for c in configs if {k: v for k, v in c.kwargs.items() if k != param} == rest]
-    return max(same, key=lambda c: c.kwargs[param])
+    rest = {k: v for k, v in first.kwargs.items() if k not in params}
+    same = [c for c in configs if {k: v for k, v in c.kwargs.items() if k not in params} == rest]
+    return max(same, key=lambda c: tuple(c.kwargs[p] for p in params))
 
 
 def _patch_autotuner(Autotuner) -> None:
@@ -279,7 +298,60 @@ def _patch_bfloat16(interpreter) -> None:
             setattr(ops, name, reduce_on_values(getattr(ops, name)))
 
 
-# 4. speed: patch triton.language once per kernel launch ----------------------------------
+# 4. the H100's tiles -----------------------------------------------------------------------
+
+# bytes of shared memory per block on an H100 or H200 (opt-in): fla.utils.hardware.Backend.HOPPER
+SHARED_MEMORY = 232448
+PROBE_MODULE = "fla.utils.hardware"
+
+
+def _probe_answers(module) -> None:
+    module.get_all_max_shared_mem = lambda: [SHARED_MEMORY]
+
+
+class _ProbeLoader(importlib.abc.Loader):
+    """Runs fla.utils.hardware as its own loader would, then sets its shared-memory probe."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _probe_answers(module)
+
+
+class _ProbeFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != PROBE_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ProbeLoader(spec.loader)
+        return spec
+
+
+def _answer_shared_memory_as_an_h100() -> None:
+    """Before fla's modules import (they read the probe once, at import): set the probe as
+    fla.utils.hardware is loaded, or now if it is loaded already."""
+    if PROBE_MODULE in sys.modules:
+        _probe_answers(sys.modules[PROBE_MODULE])
+    elif not any(isinstance(f, _ProbeFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ProbeFinder())
+
+
+def fla_tiles_are_an_h100s() -> bool:
+    """Whether the imported fla sized its tiles for an H100's shared memory (False when fla's
+    modules were imported before enable())."""
+    from fla.ops.common import chunk_h
+    from fla.utils import check_shared_mem
+
+    return check_shared_mem("hopper") and chunk_h.BKV_LIST == [32, 64]
+
+
+# 5. speed: patch triton.language once per kernel launch ----------------------------------
 
 
 def _patch_lang_once_per_launch(interpreter) -> None:
