@@ -115,6 +115,27 @@ print(json.dumps({"ok": ok, "entries": counts}))
 """
 
 
+def test_the_mosaic_dump_directory_made_for_a_process_goes_with_it():
+    """Each process that compiles for TPU gets a temporary --xla_mosaic_dump_to; it is removed at
+    exit (98 of them had piled up in /tmp), and a child that inherits it leaves it alone."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, subprocess, sys\n"
+        "from parity.execute import tpu_compile\n"
+        "d = tpu_compile._dump_dir(); print(d, flush=True)\n"
+        "subprocess.run([sys.executable, '-c', 'from parity.execute import tpu_compile; tpu_compile._dump_dir()'],"
+        " check=True)\n"
+        "assert d.is_dir()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LIBTPU_INIT_ARGS"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    made = p.stdout.split()[0]
+    assert "parity-mosaic-" in made and not os.path.exists(made)
+
+
 @requires_libtpu
 def test_tpu_compiles_stay_out_of_the_persistent_cache_and_cpu_programs_go_in(tmp_path):
     """With a run's persistent cache on (scripts/test.sh), a TPU compile writes nothing to it (a

@@ -45,12 +45,14 @@ for Mosaic custom calls.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -90,12 +92,14 @@ DUMP_FLAG = "--xla_mosaic_dump_to"
 @functools.cache
 def _dump_dir() -> Path:
     """Where Mosaic writes its lowered modules in this process (the user's own --xla_mosaic_dump_to,
-    or a temporary directory); set in LIBTPU_INIT_ARGS before libtpu initialises."""
+    or a temporary directory, removed when the process that made it exits; child processes
+    inherit it); set in LIBTPU_INIT_ARGS before libtpu initialises."""
     args = os.environ.get("LIBTPU_INIT_ARGS", "")
     m = re.search(DUMP_FLAG + r"=(\S+)", args)
     if m:
         return Path(m.group(1))
     d = Path(tempfile.mkdtemp(prefix="parity-mosaic-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     os.environ["LIBTPU_INIT_ARGS"] = f"{args} {DUMP_FLAG}={d}".strip()
     return d
 
