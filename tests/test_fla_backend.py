@@ -310,6 +310,21 @@ def test_fla_takes_an_h100s_tiles_in_the_interpreter():
     assert gla_chunk.BK_LIST == [32, 64] and gla_chunk.BV_LIST == [64, 128]
 
 
+def test_a_users_test_importing_fla_first_gets_an_h100s_tiles_from_the_plugin(tmp_path):
+    """The pytest plugin asks for the interpreter and the H100's tiles before any test module
+    imports fla (a user's test may import it at its top)."""
+    (tmp_path / "test_tiles.py").write_text(
+        "from fla.ops.common import chunk_h\n"
+        "from fla.ops.gla import chunk\n\n"
+        "def test_tiles():\n"
+        "    assert chunk_h.BKV_LIST == [32, 64] and chunk.BV_LIST == [64, 128]\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TRITON_INTERPRET", "PYTEST_ADDOPTS")}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "test_tiles.py"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+
+
 def test_fla_gives_no_g_gamma_gradient_and_says_so():
     case = next(c for c in FLA_CASES if c.uses_g_gamma)
     ex = FlaBackend().run(case, make_inputs(case))

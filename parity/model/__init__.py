@@ -6,6 +6,8 @@
     kernels.py          which kernels_jax function each built-in candidate calls for an op
     targets.py          the TPU targets (v4, v5e, v5p, v6e, tpu7x) and their topologies
     host.py             what this host has: a TPU attached, libtpu installed
+    gpu.py              the GPU FLA in the Triton interpreter stands for (an H100): the shared
+                        memory its probe answers (standard library only, like spec.py)
 
 Imports: the standard library, `cases` (kernels.py) and, when a kernel is asked for, `kernels_jax`;
 nothing else of `parity`.

@@ -42,6 +42,7 @@ import warnings
 
 import pytest
 
+from parity.model import gpu
 from parity.pytest_plugin.checks import check_case, explain, reference_findings, select_cases
 from parity.pytest_plugin.devices import cuda_missing, no_cuda_device, tpu_missing
 from parity.pytest_plugin.options import (
@@ -83,9 +84,11 @@ def pytest_configure(config):
     # one id for the whole session, inherited by xdist workers through the environment
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
     if no_cuda_device():
-        # FLA's kernels must be built for the Triton interpreter: ask before any test imports fla
-        # (parity.execute.backends.triton_interpreter.request(), without importing the harness here)
+        # FLA's kernels must be built for the Triton interpreter, with an H100's tiles: ask before
+        # any test imports fla (parity.execute.backends.triton_interpreter.request(), without
+        # importing the harness here)
         os.environ["TRITON_INTERPRET"] = "1"
+        gpu.answer_as_an_h100()
 
 
 def pytest_generate_tests(metafunc):

@@ -1,7 +1,7 @@
 """Run unmodified Triton kernels (FLA's) on a CPU through Triton's interpreter.
 
-`TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but three things stop
-FLA's kernels from running or from computing the right numbers there (shared/DESIGN.md).
+`TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but four things stop
+FLA's kernels from running or from computing the numbers an H100 computes (shared/DESIGN.md).
 `enable()` handles them by patching the imported triton classes at run time; no installed
 file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5.):
 
@@ -22,12 +22,12 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    default input precision ("tf32", which FLA's kernels use) rounds its operands to
    TF32 (10 mantissa bits; by truncation, see TF32_ROUNDING) and accumulates in float32;
    "ieee" and "tf32x3" dots stay exact float32.
-4. FLA sizes its tiles and autotune config lists at import from the GPU's shared memory
-   (`fla.utils.check_shared_mem`): on a CPU its probe finds no GPU, and FLA takes the tiles of
-   the smallest GPU (BK 16, 32-wide chunk tiles), which no H100 runs. The probe answers as an
-   H100 (and H200) does, SHARED_MEMORY bytes, so FLA takes an H100's tiles (BK 32 or 64, 128-wide
-   tiles: its sums over K in the H100's blocks, and 4-16x fewer program instances to interpret).
-   FLA's other probes (IS_NVIDIA_HOPPER: warps, Hopper-only backends) stay a CPU's.
+4. FLA sizes its tiles and autotune config lists at import from the GPU's shared memory: on
+   a CPU its probe finds no GPU, and FLA takes the tiles of the smallest GPU (BK 16, 32-wide
+   chunk tiles), which no H100 runs. `request()` makes the probe answer as an H100 does
+   (parity.model.gpu), so FLA takes an H100's tiles (BK 32 or 64, 128-wide tiles: its sums
+   over K in the H100's blocks, and 4-16x fewer program instances to interpret). FLA's other
+   probes (IS_NVIDIA_HOPPER: warps, Hopper-only backends) stay a CPU's.
 5. Speed: every call of a `@triton.jit` helper from inside a kernel re-patches
    triton.language for the interpreter (inspect.getmembers over tl, tl.core, tl.math, ...),
    although the kernel's launch has patched it already and restores it when it ends: on
@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib.abc
-import importlib.machinery
 import os
-import sys
 
 import numpy as np
+
+from parity.model import gpu
 
 _enabled = False
 # How a float32 dot operand becomes TF32 (env PARITY_TF32_ROUNDING): "truncate" (the tensor
@@ -71,7 +70,7 @@ def request() -> None:
     """Ask for interpreted kernels with an H100's tiles (4.): must happen before the kernels'
     modules are imported."""
     os.environ["TRITON_INTERPRET"] = "1"
-    _answer_shared_memory_as_an_h100()
+    gpu.answer_as_an_h100()
 
 
 def interpreting_fla() -> bool:
@@ -298,53 +297,12 @@ def _patch_bfloat16(interpreter) -> None:
             setattr(ops, name, reduce_on_values(getattr(ops, name)))
 
 
-# 4. the H100's tiles -----------------------------------------------------------------------
-
-# bytes of shared memory per block on an H100 or H200 (opt-in): fla.utils.hardware.Backend.HOPPER
-SHARED_MEMORY = 232448
-PROBE_MODULE = "fla.utils.hardware"
-
-
-def _probe_answers(module) -> None:
-    module.get_all_max_shared_mem = lambda: [SHARED_MEMORY]
-
-
-class _ProbeLoader(importlib.abc.Loader):
-    """Runs fla.utils.hardware as its own loader would, then sets its shared-memory probe."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        _probe_answers(module)
-
-
-class _ProbeFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != PROBE_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ProbeLoader(spec.loader)
-        return spec
-
-
-def _answer_shared_memory_as_an_h100() -> None:
-    """Before fla's modules import (they read the probe once, at import): set the probe as
-    fla.utils.hardware is loaded, or now if it is loaded already."""
-    if PROBE_MODULE in sys.modules:
-        _probe_answers(sys.modules[PROBE_MODULE])
-    elif not any(isinstance(f, _ProbeFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ProbeFinder())
+# 4. the H100's tiles (parity.model.gpu) --------------------------------------------------
 
 
 def fla_tiles_are_an_h100s() -> bool:
     """Whether the imported fla sized its tiles for an H100's shared memory (False when fla's
-    modules were imported before enable())."""
+    modules were imported before request())."""
     from fla.ops.common import chunk_h
     from fla.utils import check_shared_mem
 
