@@ -332,31 +332,27 @@ def test_fla_gives_no_g_gamma_gradient_and_says_so():
     assert "dg_gamma" in ex.notes["unsupported_tensors"]
 
 
-def test_fla_imported_for_a_gpu_is_refused_with_the_fix():
+def _fla_run_after(prelude: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A fresh process that runs `prelude`, then FLA through the backend on a small case."""
     code = (
-        "import os; os.environ.pop('TRITON_INTERPRET', None)\n"
-        "import fla.ops.simple_gla\n"
+        f"{prelude}\n"
         "from cases import Case, make_inputs\n"
         "from parity.execute.backends.fla import FlaBackend\n"
         "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
         "FlaBackend().run(c, make_inputs(c))\n"
     )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_fla_imported_for_a_gpu_is_refused_with_the_fix():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    p = _fla_run_after("import os; os.environ.pop('TRITON_INTERPRET', None)\nimport fla.ops.simple_gla", env)
     assert p.returncode != 0
     assert "TRITON_INTERPRET=1" in p.stderr and "FlaImportedTooEarly" in p.stderr
 
 
 def test_fla_interpreted_with_a_cpus_tiles_is_refused_with_the_fix():
     """fla imported interpreted but before request(): its tiles are no H100's, and the backend says so."""
-    code = (
-        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
-        "import fla.ops.simple_gla\n"
-        "from cases import Case, make_inputs\n"
-        "from parity.execute.backends.fla import FlaBackend\n"
-        "c = Case('simple_gla', 1, 16, 1, 64, 64)\n"
-        "FlaBackend().run(c, make_inputs(c))\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    p = _fla_run_after("import os; os.environ['TRITON_INTERPRET'] = '1'\nimport fla.ops.simple_gla")
     assert p.returncode != 0
     assert "FlaImportedTooEarly" in p.stderr and "not an H100" in p.stderr, p.stderr[-2000:]
