@@ -22,10 +22,9 @@ DEFAULT_SHRINK_TIME_S = 300.0
 # the drawn case's own. Off by default: measured on simple_gla (T <= 256), 16 variants at share 1 give
 # ~1 example/s against ~0.2/s without (re-measured 2026-11-26: 54 examples of 13 shape classes in 63 s,
 # 0.86/s, against 24 in 61 s, 0.39/s; an earlier 132 in 60 s counted 69 repeated draws that the search
-# judges from memory, `cache_hits`, so 63 were run), but new shape classes come
-# at a lower rate, and the narrow shape bugs (parity.mutants.narrow) are found later or, within
-# tests/test_fuzz.py's budgets, not at all; variants are for value-triggered bugs (gate strength, seeds)
-# on the shapes drawn.
+# judges from memory, `cache_hits`, so 63 were run), but new shape classes come at a lower rate, and
+# the narrow shape bugs (parity.mutants.narrow) are found later or, within tests/test_fuzz.py's
+# budgets, not at all; variants are for value-triggered bugs (gate strength, seeds) on the shapes drawn.
 DEFAULT_VARIANTS = 0
 DEFAULT_VARIANT_SHARE = 1.0
 

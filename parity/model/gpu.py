@@ -3,16 +3,18 @@
 FLA sizes its tiles and autotune config lists when its modules are imported, from the GPU's
 shared memory (`fla.utils.check_shared_mem`, reading `fla.utils.hardware.get_all_max_shared_mem`).
 On a CPU that probe finds no GPU, and FLA takes the tiles of the smallest GPU (BK 16, 32-wide
-chunk tiles), which no H100 runs. `answer_as_an_h100()` makes the probe answer an H100's
-SHARED_MEMORY as fla.utils.hardware is loaded (an import hook: no installed file changes), so it
-must run before fla is imported; the pytest plugin and `triton_interpreter.request()` call it.
-Standard library only (the pytest plugin calls it in every session without a GPU).
+chunk tiles), which no H100 runs. `interpret_as_an_h100()` asks for Triton's interpreter
+(TRITON_INTERPRET=1) and makes the probe answer an H100's SHARED_MEMORY as fla.utils.hardware is
+loaded (an import hook: no installed file changes), so it must run before fla is imported; the
+pytest plugin and `triton_interpreter.request()` call it. Standard library only (the pytest
+plugin calls it in every session without a GPU).
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 
 # bytes of shared memory per block on an H100 or H200 (opt-in): fla.utils.hardware.Backend.HOPPER
@@ -48,9 +50,11 @@ class _ProbeFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def answer_as_an_h100() -> None:
-    """Set FLA's shared-memory probe as fla.utils.hardware is loaded, or now if it is loaded
-    already (then the fla modules imported before keep the tiles they sized)."""
+def interpret_as_an_h100() -> None:
+    """Ask for Triton's interpreter, and set FLA's shared-memory probe as fla.utils.hardware is
+    loaded, or now if it is loaded already (then the fla modules imported before keep the tiles
+    they sized)."""
+    os.environ["TRITON_INTERPRET"] = "1"
     if PROBE_MODULE in sys.modules:
         _answer(sys.modules[PROBE_MODULE])
     elif not any(isinstance(f, _ProbeFinder) for f in sys.meta_path):

@@ -85,10 +85,8 @@ def pytest_configure(config):
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
     if no_cuda_device():
         # FLA's kernels must be built for the Triton interpreter, with an H100's tiles: ask before
-        # any test imports fla (parity.execute.backends.triton_interpreter.request(), without
-        # importing the harness here)
-        os.environ["TRITON_INTERPRET"] = "1"
-        gpu.answer_as_an_h100()
+        # any test imports fla (what triton_interpreter.request() does, without importing the harness)
+        gpu.interpret_as_an_h100()
 
 
 def pytest_generate_tests(metafunc):

@@ -69,8 +69,7 @@ def to_tf32(x: np.ndarray) -> np.ndarray:
 def request() -> None:
     """Ask for interpreted kernels with an H100's tiles (4.): must happen before the kernels'
     modules are imported."""
-    os.environ["TRITON_INTERPRET"] = "1"
-    gpu.answer_as_an_h100()
+    gpu.interpret_as_an_h100()
 
 
 def interpreting_fla() -> bool:
