@@ -219,26 +219,44 @@ def test_neutral_parameters_change_no_bit_of_fla(monkeypatch, case, kernel, axis
     assert (counts[0], counts[-1]) == instances, grids
 
 
+KDA_BF16 = Case("kda", 1, 40, 2, 32, 32, dtype="bfloat16", chunk_size=64, gate="g_logsig", h0=True, ht=True)
+
+
+def _same_bits(fast: dict, slow: dict, case: Case) -> None:
+    assert set(fast) == set(slow) == set(case.output_names())
+    for name in fast:
+        assert np.array_equal(fast[name], slow[name], equal_nan=True), name
+
+
 def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers(monkeypatch):
-    """Fix 4 skips re-patching triton.language at each @triton.jit helper call; FLA's kda
+    """Fix 5 skips re-patching triton.language at each @triton.jit helper call; FLA's kda
     (helpers such as exp2 in every kernel, bf16 and the TF32 dots) computes the same bits as
     with triton's own per-call patching."""
     from triton.runtime import interpreter
 
-    case = Case("kda", 1, 40, 2, 32, 32, dtype="bfloat16", chunk_size=64, gate="g_logsig", h0=True, ht=True)
-    inputs = make_inputs(case)
+    inputs = make_inputs(KDA_BF16)
     scans = collections.Counter()  # triton.language scans (_patch_builtin) per run
     scan = interpreter._patch_builtin
     monkeypatch.setattr(interpreter, "_patch_builtin", lambda *a: scans.update([run]) or scan(*a))
     run = "once per launch"
-    fast = FlaBackend().run(case, inputs).tensors
+    fast = FlaBackend().run(KDA_BF16, inputs).tensors
     run = "at every helper call"
     monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.original)
-    slow = FlaBackend().run(case, inputs).tensors
-    assert set(fast) == set(slow) == set(case.output_names())
-    for name in fast:
-        assert np.array_equal(fast[name], slow[name], equal_nan=True), name
+    _same_bits(fast, FlaBackend().run(KDA_BF16, inputs).tensors, KDA_BF16)
     assert 0 < 10 * scans["once per launch"] < scans["at every helper call"], scans
+
+
+def test_front_end_shortcuts_compute_the_same_bits(monkeypatch):
+    """Speed-up 6: the remembered numpy dtypes and the no-op broadcasts give FLA's kda (bf16,
+    pointers, blocks and scalars of every shape) the same bits as triton's own front end."""
+    from triton.language import semantic
+    from triton.runtime import interpreter
+
+    inputs = make_inputs(KDA_BF16)
+    fast = FlaBackend().run(KDA_BF16, inputs).tensors
+    for owner, name in ((semantic.TritonSemantic, "broadcast_impl_value"), (interpreter, "_get_np_dtype")):
+        monkeypatch.setattr(owner, name, getattr(owner, name).original)  # AttributeError: not installed
+    _same_bits(fast, FlaBackend().run(KDA_BF16, inputs).tensors, KDA_BF16)
 
 
 SHAPE = dict(B=1, T=80, H=2, K=64, V=64, h0=True, ht=True)

@@ -34,6 +34,12 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    kda-fwdbwd-B2-T128-H2-K64-V64-fp32-C64-g_stress-h0-ht 17,504 such calls took 25 s of
    FLA's 94 s (cProfile). A helper whose language modules the launch has patched now skips
    it; what the kernel computes is unchanged (the same patched functions are in place).
+6. Speed: two of triton's front-end steps, run at every interpreted operation, take their
+   shortcut where the answer is known (`_patch_front_end`): the numpy dtype of a triton type
+   (a 17-entry dict was built per call) is remembered per scalar type, and broadcasting two
+   blocks of one shape, or two scalars, returns them as they are, as triton's own code does
+   after comparing them dimension by dimension. kda-fwdbwd-B2-T128-H2-K64-V64-bf16-C128-g_logsig-h0:
+   about 15% less CPU time; the same bits (tests/test_fla_backend.py).
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ def interpreting_fla() -> bool:
 
 
 def enable() -> None:
-    """Request the interpreter and install the three fixes (idempotent)."""
+    """Request the interpreter and install the fixes and speed-ups 1.-3., 5. and 6. (idempotent)."""
     global _enabled
     request()
     if _enabled:
@@ -101,6 +107,7 @@ def enable() -> None:
     _patch_range(interpreter)
     _patch_bfloat16(interpreter)
     _patch_lang_once_per_launch(interpreter)
+    _patch_front_end(interpreter)
     _enabled = True
 
 
@@ -345,3 +352,41 @@ def _patch_lang_once_per_launch(interpreter) -> None:
 
     patch_lang.original = original  # triton's own (tests compare the two)
     interpreter._patch_lang = patch_lang
+
+
+# 6. speed: front-end shortcuts -----------------------------------------------------------
+
+
+def _patch_front_end(interpreter) -> None:
+    import triton.language as tl
+    from triton.language import semantic
+
+    np_dtype = interpreter._get_np_dtype
+    by_name: dict[str, np.dtype] = {}
+    u64 = np.dtype(np.uint64)
+
+    def get_np_dtype(tt_dtype):
+        """triton's _get_np_dtype (a pure function of the scalar type's name; pointers are uint64),
+        remembered per name."""
+        scalar = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+        if isinstance(scalar, tl.pointer_type):
+            return u64
+        found = by_name.get(scalar.name)
+        if found is None:
+            found = by_name[scalar.name] = np_dtype(scalar)
+        return found
+
+    get_np_dtype.original = np_dtype
+    interpreter._get_np_dtype = get_np_dtype  # the interpreter's callers look it up as a module global
+
+    broadcast = semantic.TritonSemantic.broadcast_impl_value
+
+    def broadcast_impl_value(self, lhs, rhs):
+        """triton's, with its no-op cases first: two blocks of one shape, or two scalars."""
+        lhs_block, rhs_block = lhs.type.is_block(), rhs.type.is_block()
+        if lhs_block == rhs_block and (not lhs_block or lhs.type.shape == rhs.type.shape):
+            return lhs, rhs
+        return broadcast(self, lhs, rhs)
+
+    broadcast_impl_value.original = broadcast
+    semantic.TritonSemantic.broadcast_impl_value = broadcast_impl_value
