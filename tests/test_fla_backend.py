@@ -247,8 +247,8 @@ def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers
 
 
 def test_front_end_shortcuts_compute_the_same_bits(monkeypatch):
-    """Speed-up 6: the remembered numpy dtypes and the no-op broadcasts give FLA's kda (bf16,
-    pointers, blocks and scalars of every shape) the same bits as triton's own front end."""
+    """Speed-up 6: the remembered numpy dtypes and the no-op broadcasts give FLA's kda (bf16
+    and float32 values, pointers, blocks and scalars) the same bits as triton's own front end."""
     from triton.language import semantic
     from triton.runtime import interpreter
 

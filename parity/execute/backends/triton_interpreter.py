@@ -3,7 +3,7 @@
 `TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but four things stop
 FLA's kernels from running or from computing the numbers an H100 computes (shared/DESIGN.md).
 `enable()` handles them by patching the imported triton classes at run time; no installed
-file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5.):
+file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5. and 6.):
 
 1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
    first config that survives the kernel's own pruning is taken, without benchmarking;
