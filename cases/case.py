@@ -2,7 +2,7 @@
 
 A case fixes everything that decides the inputs and the computation: the op, the
 shapes (FLA layout: q, k [B, T, H, K]; v [B, T, HV, V]; state [N, HV, K, V], with HV = H
-value heads except for the delta-rule ops kda and gdn, where HV = G * H and value head j
+value heads except for the delta-rule ops kda, gdn and gdn2, where HV = G * H and value head j
 reads q, k head j // G: FLA's grouped value attention, "GVA"), the
 dtype of q/k/v/do, the chunk size, the gating kind and its parameters, the scale,
 whether an initial state is given and a final state returned, varlen sequence
@@ -21,9 +21,13 @@ import re
 from numbers import Real
 from typing import Any
 
-OPS = ("simple_gla", "gla", "kda", "gdn")
-# the delta-rule ops: a beta [B, T, HV] input, and grouped value heads (HV = G * H) allowed
-DELTA_OPS = ("kda", "gdn")
+OPS = ("simple_gla", "gla", "kda", "gdn", "gdn2")
+# the delta-rule ops -> their delta-rule gate inputs (grouped value heads, HV = G * H, allowed):
+#   beta [B, T, HV] (kda, gdn: one learning rate per token and head);
+#   b [B, T, HV, K] and w [B, T, HV, V] (gdn2: a channel-wise erase gate on the key axis and write
+#   gate on the value axis; b = w = beta is kda)
+DELTA_GATES: dict[str, tuple[str, ...]] = {"kda": ("beta",), "gdn": ("beta",), "gdn2": ("b", "w")}
+DELTA_OPS = tuple(DELTA_GATES)
 DIRECTIONS = ("fwd", "fwdbwd")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 DTYPE_FROM_SHORT = {v: k for k, v in DTYPES.items()}
@@ -31,7 +35,7 @@ CHUNK_SIZES = (16, 32, 64, 128)
 
 # Gating kinds: name -> (ops that accept it, parameter defaults in id order).
 #   g_logsig     g = logsigmoid(x) / norm, x ~ N(0, 1)      (per token and head: simple_gla, gdn;
-#                                                           per channel too: gla, kda)
+#                                                           per channel too: gla, kda, gdn2)
 #   g_stress     g = -mag * U(0.5, 1.5) per token: |g| * chunk far beyond 88.7 (fp32 exp range)
 #   gamma_alibi  g_gamma = -ALiBi slope of head h, spread over layers like MiniMax/lightning
 #                attention: slope * (1 - layer / (layers - 1) + 1e-5)
@@ -39,8 +43,8 @@ CHUNK_SIZES = (16, 32, 64, 128)
 #   gamma_retnet g_gamma = log(1 - 2^(-5 - h)): RetNet's multi-scale retention decay of head h
 #                (Sun et al. 2023; FLA's fla/ops/retention computes the same)
 GATES: dict[str, tuple[tuple[str, ...], dict[str, int]]] = {
-    "g_logsig": (("simple_gla", "gla", "kda", "gdn"), {"norm": 16}),
-    "g_stress": (("simple_gla", "gla", "kda", "gdn"), {"mag": 2}),
+    "g_logsig": (("simple_gla", "gla", "kda", "gdn", "gdn2"), {"norm": 16}),
+    "g_stress": (("simple_gla", "gla", "kda", "gdn", "gdn2"), {"mag": 2}),
     "gamma_alibi": (("simple_gla",), {"layer": 0, "layers": 1}),
     "gamma_stress": (("simple_gla",), {"mag": 1}),
     "gamma_retnet": (("simple_gla",), {}),
@@ -184,7 +188,7 @@ class Case:
 
     @property
     def value_heads(self) -> int:
-        """HV: the heads of v, o, g, beta and the state (H unless the case groups value heads)."""
+        """HV: the heads of v, o, g, beta (b, w) and the state (H unless the case groups value heads)."""
         return self.H if self.HV is None else self.HV
 
     @property
@@ -193,9 +197,15 @@ class Case:
         return self.value_heads // self.H
 
     @property
+    def delta_gates(self) -> tuple[str, ...]:
+        """The delta-rule gate inputs of the op (DELTA_GATES): ("beta",) for kda and gdn,
+        ("b", "w") for gdn2, () for the others; each has a gradient "d" + name."""
+        return DELTA_GATES.get(self.op, ())
+
+    @property
     def has_beta(self) -> bool:
-        """A delta-rule op: beta [B, T, HV] is an input."""
-        return self.op in DELTA_OPS
+        """beta [B, T, HV] is an input (kda, gdn; gdn2's gates are b and w: `delta_gates`)."""
+        return "beta" in self.delta_gates
 
     @property
     def N(self) -> int:
@@ -229,8 +239,7 @@ class Case:
         names = ["o"] + (["ht"] if self.ht else [])
         if self.backward:
             names += ["dq", "dk", "dv", "d" + self.gate_name]
-            if self.has_beta:
-                names.append("dbeta")
+            names += ["d" + n for n in self.delta_gates]
             if self.h0:
                 names.append("dh0")
         return names

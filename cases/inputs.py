@@ -5,13 +5,16 @@ sha256(seed, tensor name)), is drawn in float64 and then rounded once to its
 storage dtype (ml_dtypes for bfloat16). Torch and jax receive these exact bits;
 nothing here depends on the installed torch or jax.
 
-Tensors (FLA names and layout; HV = case.value_heads, H except for grouped kda / gdn cases):
-    q, k        [B, T, H, K]    case dtype (kda, gdn: L2-normalised over K before rounding)
+Tensors (FLA names and layout; HV = case.value_heads, H except for grouped kda / gdn / gdn2 cases):
+    q, k        [B, T, H, K]    case dtype (kda, gdn, gdn2: L2-normalised over K before rounding)
     v           [B, T, HV, V]   case dtype
     g           [B, T, H]       float32 log-decay (simple_gla), [B, T, HV] (gdn), or
-                [B, T, H, K] (gla), [B, T, HV, K] (kda)
+                [B, T, H, K] (gla), [B, T, HV, K] (kda, gdn2)
     g_gamma     [H]             float32 per-head log-decay (simple_gla, gamma_* gates)
     beta        [B, T, HV]      float32 in (0, 1) (kda, gdn)
+    b           [B, T, HV, K]   float32 in (0, 1) (gdn2: erase gate; drawn as beta, own stream)
+    w           [B, T, HV, V]   case dtype, in (0, 1) (gdn2: write gate; drawn as beta, own stream;
+                                in v's dtype as FLA's chunk_gdn2 needs it: its backward's dot takes w * v)
     initial_state [N, HV, K, V] float32 (when case.h0)
     cu_seqlens  [N + 1]         int64 (varlen cases)
     do          [B, T, HV, V]   case dtype (fwdbwd)
@@ -35,7 +38,7 @@ STORAGE_DTYPES = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
-FP32_INPUTS = ("g", "g_gamma", "beta", "initial_state", "dht")
+FP32_INPUTS = ("g", "g_gamma", "beta", "b", "initial_state", "dht")
 
 
 def rng_for(seed: int, name: str) -> np.random.Generator:
@@ -83,8 +86,9 @@ def input_shapes(case: Case) -> dict[str, tuple[int, ...]]:
     per_head = case.op in ("simple_gla", "gdn")
     gate = (H,) if case.uses_g_gamma else (B, T, HV) if per_head else (B, T, HV, K)
     shapes = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, HV, V), case.gate_name: gate}
-    if case.has_beta:
-        shapes["beta"] = (B, T, HV)
+    delta_gate_shapes = {"beta": (B, T, HV), "b": (B, T, HV, K), "w": (B, T, HV, V)}
+    for name in case.delta_gates:
+        shapes[name] = delta_gate_shapes[name]
     if case.h0:
         shapes["initial_state"] = (N, HV, K, V)
     if case.backward:
@@ -120,13 +124,13 @@ def make_inputs_f64(case: Case) -> dict[str, np.ndarray]:
     shapes = input_shapes(case)
     normal = lambda name: rng_for(case.seed, name).standard_normal(shapes[name])
     x = {"q": normal("q"), "k": normal("k"), "v": normal("v")}
-    if case.has_beta:
+    if case.delta_gates:  # the delta-rule ops
         for n in ("q", "k"):
             x[n] = x[n] / np.linalg.norm(x[n], axis=-1, keepdims=True)
     name, gate = _gate(case, shapes[case.gate_name])
     x[name] = gate
-    if case.has_beta:
-        x["beta"] = 1.0 / (1.0 + np.exp(-normal("beta")))
+    for name in case.delta_gates:  # sigmoid of a normal, each from its own stream
+        x[name] = 1.0 / (1.0 + np.exp(-normal(name)))
     for name in ("initial_state", "do", "dht"):
         if name in shapes:
             x[name] = normal(name)

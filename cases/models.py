@@ -95,6 +95,15 @@ MODEL_LAYERS: tuple[ModelLayer, ...] = (
         "Qwen/Qwen3-Next-80B-A3B-Instruct config.json (Qwen team 2025)",
         dict(op="gdn", H=16, HV=32, K=128, V=128, dtype="bfloat16", gate="g_logsig", ht=True),
     ),
+    # FLA's GatedDeltaNet2 layer defaults (fla/layers/gdn2.py; FLA has no GDN-2 model config): hidden_size
+    # 2048, head_dim 128, num_heads 16, num_v_heads = num_heads, expand_v 1 -> K = V = 128, H = HV = 16;
+    # channel-wise erase gate b [K] and write gate w [V]; its gate is KDA's -exp(A_log) * softplus(g + dt_bias)
+    # per channel, here g_logsig.
+    ModelLayer(
+        "Gated DeltaNet-2 layer (FLA GatedDeltaNet2 defaults: 16 heads, head_dim 128)",
+        "Gated DeltaNet-2: Decoupling Erase and Write in Linear Attention; FLA fla/layers/gdn2.py",
+        dict(op="gdn2", H=16, K=128, V=128, dtype="bfloat16", gate="g_logsig", ht=True),
+    ),
 )
 # a serving batch of packed prompts, one of a single token (varlen with the GLA-1.3B layer)
 PACKED_GLA = ModelLayer(

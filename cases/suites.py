@@ -17,7 +17,8 @@ from cases.case import GATES, Case, CaseError
 from cases.models import MODEL_LAYERS, PACKED_GLA, model_case, models, models_at_scale
 
 # the gates and ops the grids cover (gates and ops added later join through cases of their own,
-# so that no existing case of a grid changes: gdn and grouped value heads, `delta_rule_cases`)
+# so that no existing case of a grid changes: gdn and grouped value heads, `delta_rule_cases`; gdn2,
+# `gdn2_cases` and the gdn2 cases of smoke, stability, varlen and full)
 GRID_GATES = ("g_logsig", "g_stress", "gamma_alibi", "gamma_stress")
 GRID_OPS = ("simple_gla", "gla", "kda")
 
@@ -59,6 +60,7 @@ def smoke() -> list[Case]:
         Case("kda", **base, h0=True, ht=True),
         Case("kda", **base, dtype="bfloat16", direction="fwd"),
         Case("gdn", **base, HV=4, h0=True, ht=True),
+        Case("gdn2", **{**base, "T": 64}, h0=True, ht=True),  # T = 64: FLA's gdn2 costs ~4 s a chunk interpreted
     ]
 
 
@@ -83,7 +85,7 @@ def ci() -> list[Case]:
         dict(B=1, T=64, H=1, K=256, V=256),
         dict(B=1, T=200, H=2, K=64, V=64, seqlens=(70, 130)),
     ]
-    return covering(primary, {"state": STATES, "shape": shapes}) + head_dims() + delta_rule_cases()
+    return covering(primary, {"state": STATES, "shape": shapes}) + head_dims() + delta_rule_cases() + gdn2_cases()
 
 
 def delta_rule_cases() -> list[Case]:
@@ -96,6 +98,14 @@ def delta_rule_cases() -> list[Case]:
         Case("kda", B=1, T=64, H=1, K=32, V=32, HV=2, h0=True, ht=True),
         Case("gdn", B=1, T=96, H=1, K=32, V=32, HV=2, dtype="bfloat16", seqlens=(40, 56), h0=True, ht=True),
     ]
+
+
+def gdn2_cases() -> list[Case]:
+    """GDN-2 (channel-wise erase gate b [K] and write gate w [V]) in ci: forward and backward, fp32
+    with h0 / ht and bf16, at one chunk (B 1, T 64, H 2, K = V = 64): FLA's chunk_gdn2 takes about
+    4 s per case under the Triton interpreter (forward 2.9 s, backward 1.1 s)."""
+    base = dict(B=1, T=64, H=2, K=64, V=64)
+    return [Case("gdn2", **base, h0=True, ht=True), Case("gdn2", **base, dtype="bfloat16")]
 
 
 def head_dims() -> list[Case]:
@@ -148,6 +158,10 @@ def stability() -> list[Case]:
         if gate.endswith("stress")
         for chunk, dtype in [(64, "float32"), (128, "bfloat16")]
     ]
+    cases += [  # gdn2 as kda (its own cases: no existing case changes)
+        Case("gdn2", B=1, T=256, H=2, K=64, V=64, chunk_size=chunk, gate="g_stress", dtype=dtype)
+        for chunk, dtype in [(64, "float32"), (128, "bfloat16")]
+    ]
     cases.append(
         Case(
             "simple_gla",
@@ -169,7 +183,11 @@ def varlen() -> list[Case]:
     """Packed sequences of uneven lengths: length 1, shorter than a chunk, straddling chunk
     boundaries, exactly one chunk."""
     lens = [(1, 63, 64, 2), (100, 1, 27), (64, 65), (5, 1, 1, 120)]
-    return [
+    gdn2 = [  # the first two of kda's, on gdn2 (its own cases: no existing case changes)
+        Case("gdn2", B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype, h0=h0, ht=True)
+        for ls, (chunk, dtype, h0) in zip(lens[:2], [(64, "float32", True), (128, "bfloat16", False)])
+    ]
+    return gdn2 + [
         Case(op, B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype, h0=h0, ht=True)
         for op in GRID_OPS
         for ls, (chunk, dtype, h0) in zip(
@@ -188,7 +206,12 @@ def full() -> list[Case]:
         for p in _product(op=[op], dtype=["float32", "bfloat16"], chunk_size=[64, 128], gate=gates_for(op))
     ]
     shape_axis = [dict(B=s["B"], T=s["T"], H=s["H"], K=s["KV"], V=s["KV"]) for s in shapes]
-    return covering(primary, {"state": STATES[:2], "shape": shape_axis}) + models_at_scale()
+    gdn2 = [
+        Case("gdn2", B=1, T=8192, H=16, K=128, V=128, h0=True, ht=True),
+        Case("gdn2", B=8, T=2048, H=16, K=64, V=64, dtype="bfloat16", h0=True, ht=True),
+        Case("gdn2", B=1, T=2048, H=32, K=256, V=256, dtype="bfloat16", gate="g_stress"),
+    ]
+    return covering(primary, {"state": STATES[:2], "shape": shape_axis}) + gdn2 + models_at_scale()
 
 
 FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "scale", "h0", "ht", "seqlens", "direction")
@@ -197,7 +220,7 @@ FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "sca
 @functools.cache
 def fla_tests_sources() -> dict[str, list[str]]:
     """case id -> the FLA tests (file::function[id]) that use its parameters
-    (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda,gdn}.py as data)."""
+    (cases/fla_tests_data.py: FLA's tests/ops/test_{simple_gla,gla,kda,gdn,gdn2}.py as data)."""
     # late: a 3,200-line data table, parsed only when the fla-tests suite or a case's label is asked for
     from cases.fla_tests_data import FLA_TESTS
 
@@ -210,7 +233,7 @@ def fla_tests_sources() -> dict[str, list[str]]:
 
 def fla_tests() -> list[Case]:
     """The shapes, dtypes, chunk sizes, gate strengths and varlen offsets of FLA's own tests for
-    simple_gla, gla, kda and gdn, one case per distinct parameter set (several FLA tests share one)."""
+    simple_gla, gla, kda, gdn and gdn2, one case per distinct parameter set (several FLA tests share one)."""
     return [Case.from_id(i) for i in fla_tests_sources()]
 
 

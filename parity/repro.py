@@ -41,13 +41,13 @@ import numpy as np
 CASE = json.load(open("case.json"))
 BF16 = {{ bf16 }}          # inputs stored as uint16 bits of bfloat16
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "g": "dg", "g_gamma": "dg_gamma", "beta": "dbeta",
-              "initial_state": "dh0"}
+              "b": "db", "w": "dw", "initial_state": "dh0"}
 
 raw = dict(np.load("inputs.npz"))
 x = {n: (a.view(ml_dtypes.bfloat16) if n in BF16 else a) for n, a in raw.items()}
 oracle = dict(np.load("oracle.npz"))
 fn = getattr(importlib.import_module("{{ module }}"), "{{ function }}")
-diff_names = [n for n in ("q", "k", "v", "g", "g_gamma", "beta", "initial_state") if n in x]
+diff_names = [n for n in ("q", "k", "v", "g", "g_gamma", "beta", "b", "w", "initial_state") if n in x]
 kwargs = {"scale": {{ scale }}, "output_final_state": {{ ht }}}
 if "cu_seqlens" in x:
     kwargs["cu_seqlens"] = x["cu_seqlens"]

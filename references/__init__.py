@@ -18,14 +18,14 @@ import numpy as np
 from references.version import ORACLE_VERSION
 
 __all__ = ["ORACLE_VERSION", "OPS", "TERMS", "error_scales", "oracle_names", "oracle_run"]
-OPS = ("simple_gla", "gla", "kda", "gdn")  # one module each: references/<op>.py
+OPS = ("simple_gla", "gla", "kda", "gdn", "gdn2")  # one module each: references/<op>.py
 
 
 def _op_kwargs(case, inputs: dict[str, np.ndarray]) -> dict:
     kw = {n: inputs[n] for n in ("q", "k", "v")}
     kw[case.gate_name] = inputs[case.gate_name]
-    if case.has_beta:
-        kw["beta"] = inputs["beta"]
+    for name in case.delta_gates:  # beta (kda, gdn), or b and w (gdn2)
+        kw[name] = inputs[name]
     kw["scale"] = case.scale_value
     kw["initial_state"] = inputs.get("initial_state")
     kw["cu_seqlens"] = inputs.get("cu_seqlens")

@@ -27,7 +27,7 @@ big terms cancel when exp(g_s) is small.
 
 Layout: tokens [B, T] are cut per sequence (B rows, or cu_seqlens for packed varlen) into
 chunks of C, the last one of each sequence zero-padded (padding has g = 0, q = k = v = 0,
-beta = 0 and do = 0: it changes nothing); in chunk layout an array is [H, NC, C, F] (a group
+beta (b, w) = 0 and do = 0: it changes nothing); in chunk layout an array is [H, NC, C, F] (a group
 of heads, NC chunks) and a state [H, NC, K, V]. Groups of heads run in parallel threads, with
 numpy's BLAS kept to one thread (its hand-off on many small products is slow, very slow on
 shared cores).
@@ -371,54 +371,76 @@ def _unit_lower_inverse(Lb: np.ndarray) -> np.ndarray:
     return X
 
 
-def kda_chunked(q, k, v, g, beta, scale, h0, cu_seqlens, *, do=None, dht=None, chunk=None):
-    """Forward (and, given do, the backward) of the gated delta rule
-    S'_t = diag(exp(g_t)) S_{t-1},  S_t = S'_t + beta_t k_t^T (v_t - k_t S'_t),  o_t = scale q_t S_t.
+def gdn2_chunked(q, k, v, g, b, w, scale, h0, cu_seqlens, *, do=None, dht=None, chunk=None):
+    """Forward (and, given do, the backward) of GDN-2, the gated delta rule with channel-wise gates
+    S'_t = diag(exp(g_t)) S_{t-1},  S_t = S'_t + k_t^T (w_t * v_t - (b_t * k_t) S'_t),  o_t = scale q_t S_t
+    (b_t [K] the erase gate, w_t [V] the write gate; b = w = beta is kda: `kda_chunked`).
 
-    Written S_t = S'_t + k_t^T u_t with u_t = beta_t (v_t - k_t S'_t) [V], a chunk is the gla
+    Written S_t = S'_t + k_t^T u_t with u_t = w_t * v_t - (b_t * k_t) S'_t [V], a chunk is the gla
     chunk with v replaced by u, and u solves, per chunk, the unit lower-triangular system
-        u_i + beta_i sum_{j<i} L_ij u_j = beta_i (v_i - k_i exp(b_i) S),
-        L_ij = sum_k k_ik k_jk E_ijk                                (j < i)
-    (the prediction k_i S'_i unrolled over the chunk); (I + diag(beta) L)^-1 comes by forward
-    substitution, token by token. The backward is the implicit-function vjp of that system:
-    w = (I + diag(beta) L)^-T du, dv = beta w, dbeta_i = w_i . u_i / beta_i (computed
-    without the division), d(L, k exp(b), S) = -beta w (u, S, k exp(b))^T.
+        u_i + sum_{j<i} L_ij u_j = w_i * v_i - (b_i * k_i * exp(b_i)) S,
+        L_ij = sum_k b_ik k_ik k_jk E_ijk                           (j < i)
+    (the prediction (b_i * k_i) S'_i unrolled over the chunk; b_i here the erase gate, exp(b_i)
+    the decay from the chunk start); (I + L)^-1 comes by forward substitution, token by token.
+    The backward is the implicit-function vjp of that system: lam = (I + L)^-T du, dv = w * lam,
+    dw = v * lam, d(L, b * k * exp(b), S) = -lam (u, S, b * k * exp(b))^T, and db, dk from
+    d(b * k) by the product rule.
 
-    q, k [B, T, H, K]; g [B, T, HV, K] per channel (kda) or [B, T, HV, 1] per head (gdn); v, do
-    [B, T, HV, V]; beta [B, T, HV]; h0, dht [N, HV, K, V] or None. HV = G * H: value head j reads
-    q, k head j // G (computed as HV heads on q, k repeated G times; dq, dk summed over the group).
-    Returns (o, ht) or (o, ht, grads) with grads q, k, v, g, beta, initial_state."""
+    q, k [B, T, H, K]; g [B, T, HV, K] per channel (kda, gdn2) or [B, T, HV, 1] per head (gdn); b
+    [B, T, HV, K]; v, w, do [B, T, HV, V]; h0, dht [N, HV, K, V] or None. HV = G * H: value head j
+    reads q, k head j // G (computed as HV heads on q, k repeated G times; dq, dk summed over the
+    group). Returns (o, ht) or (o, ht, grads) with grads q, k, v, g, b, w, initial_state."""
     G = np.shape(v)[2] // np.shape(q)[2]
     rep = lambda a: np.repeat(np.asarray(a), G, axis=2)  # noqa: E731
-    tok = {"q": rep(q), "k": rep(k), "v": v, "g": g, "beta": np.asarray(beta)[..., None]}
+    tok = {"q": rep(q), "k": rep(k), "v": v, "g": g, "b": b, "w": w}
     C = chunk or (CHUNK_HEAD_GATE if np.shape(g)[-1] == 1 else CHUNK_CHANNEL_GATE)
-    out = _run(_kda, C, tok, scale, h0, cu_seqlens, do, dht)
+    out = _run(_gdn2, C, tok, scale, h0, cu_seqlens, do, dht)
     if do is not None:
         grads = out[2]
-        grads["beta"] = grads["beta"][..., 0]
         for n in ("q", "k"):
             B, T, HV, K = grads[n].shape
             grads[n] = grads[n].reshape(B, T, HV // G, G, K).sum(3)
     return out
 
 
-def _kda(ch: Chunks, x: dict, scale: float, h0, dO, dht):
-    """kda_chunked on one group of heads, in chunk layout."""
-    qs, kc, vc, bt = x["q"] * scale, x["k"], x["v"], x["beta"]
+def kda_chunked(q, k, v, g, beta, scale, h0, cu_seqlens, *, do=None, dht=None, chunk=None):
+    """Forward (and, given do, the backward) of the gated delta rule
+    S'_t = diag(exp(g_t)) S_{t-1},  S_t = S'_t + beta_t k_t^T (v_t - k_t S'_t),  o_t = scale q_t S_t:
+    `gdn2_chunked` with b = beta on every key channel and w = beta on every value channel, so
+    dbeta = sum over K of db + sum over V of dw.
+
+    q, k [B, T, H, K]; g [B, T, HV, K] per channel (kda) or [B, T, HV, 1] per head (gdn); v, do
+    [B, T, HV, V]; beta [B, T, HV]; h0, dht [N, HV, K, V] or None (grouped value heads as there).
+    Returns (o, ht) or (o, ht, grads) with grads q, k, v, g, beta, initial_state."""
+    beta = np.asarray(beta, np.float64)[..., None]
+    b = np.broadcast_to(beta, beta.shape[:-1] + (np.shape(q)[-1],))
+    w = np.broadcast_to(beta, beta.shape[:-1] + (np.shape(v)[-1],))
+    out = gdn2_chunked(q, k, v, g, b, w, scale, h0, cu_seqlens, do=do, dht=dht, chunk=chunk)
+    if do is not None:
+        grads = out[2]
+        grads["beta"] = grads.pop("b").sum(-1) + grads.pop("w").sum(-1)
+    return out
+
+
+def _gdn2(ch: Chunks, x: dict, scale: float, h0, dO, dht):
+    """gdn2_chunked on one group of heads, in chunk layout."""
+    qs, kc, vc, eg, wg = x["q"] * scale, x["k"], x["v"], x["b"], x["w"]  # eg: the erase gate b
     b = np.cumsum(x["g"], axis=2)  # [H, NC, C, K] from the chunk start, inclusive
     bL = b[:, :, -1:]
     G = b.shape[-1]
     eb = np.exp(b)
-    qd, kq, kd = qs * eb, kc * eb, kc * np.exp(bL - b)  # kq: predicts from the state before
+    bk = eg * kc  # the erase key
+    qd, kq, kd = qs * eb, bk * eb, kc * np.exp(bL - b)  # kq: predicts from the state before
     decay = np.exp(_T(bL))  # [H, NC, K, 1]
-    A, L = pairs([qs, kc], kc, np.exp(x["g"]))
+    A, L = pairs([qs, bk], kc, np.exp(x["g"]))
     L = np.tril(L, -1)
-    Minv = _unit_lower_inverse(bt * L)  # (I + diag(beta) L)^-1
+    Minv = _unit_lower_inverse(L)  # (I + L)^-1
+    wv = wg * vc
     u, pred = np.empty_like(vc), np.empty_like(vc)  # pred: kq S_prev
 
     def advance(c, S):
         pred[:, c] = kq[:, c] @ S
-        u[:, c] = Minv[:, c] @ (bt[:, c] * (vc[:, c] - pred[:, c]))
+        u[:, c] = Minv[:, c] @ (wv[:, c] - pred[:, c])
         return decay[:, c] * S + _T(kd[:, c]) @ u[:, c]
 
     S_prev, ht = ch.states(h0, advance)
@@ -426,23 +448,23 @@ def _kda(ch: Chunks, x: dict, scale: float, h0, dO, dht):
     if dO is None:
         return o, ht, None
     du_o = _T(A) @ dO
-    w = np.empty_like(vc)  # (I + diag(beta) L)^-T du, du = A^T dO + kd dS_end
+    lam = np.empty_like(vc)  # (I + L)^-T du, du = A^T dO + kd dS_end
 
     def retreat(c, dS):
-        w[:, c] = _T(Minv[:, c]) @ (du_o[:, c] + kd[:, c] @ dS)
-        return decay[:, c] * dS + _T(qd[:, c]) @ dO[:, c] - _T(bt[:, c] * kq[:, c]) @ w[:, c]
+        lam[:, c] = _T(Minv[:, c]) @ (du_o[:, c] + kd[:, c] @ dS)
+        return decay[:, c] * dS + _T(qd[:, c]) @ dO[:, c] - _T(kq[:, c]) @ lam[:, c]
 
     dS_end, dh0 = ch.adjoints(dht, retreat)
-    bw = bt * w  # = dv
-    dbeta = np.sum(w * (vc - pred - L @ u), -1, keepdims=True)  # u = beta (v - pred - L u)
-    dkq = -bw @ _T(S_prev)
+    dkq = -lam @ _T(S_prev)
     dq_in = dO @ _T(S_prev)
     dk_out = u @ _T(dS_end)
-    dPs = [np.tril(dO @ _T(u)), -np.tril(bw @ _T(u), -1)]
-    (dqs, dk_L), dk, R = pair_grads([qs, kc], dPs, kc, np.exp(x["g"]))
+    dPs = [np.tril(dO @ _T(u)), -np.tril(lam @ _T(u), -1)]
+    (dqs, dbk), dk, R = pair_grads([qs, bk], dPs, kc, np.exp(x["g"]))
     dqs += dq_in * eb
-    dk += dk_L + dk_out * np.exp(bL - b) + dkq * eb
+    dbk += dkq * eb
+    dk += eg * dbk + dk_out * np.exp(bL - b)
     # dg_s: the pairs across s, as in _gla, and the prediction's (L, kq)
     dg = R + _suffix(_gate_terms(qd, dq_in, G) + _gate_terms(kq, dkq, G)) + _prefix_before(_gate_terms(kd, dk_out, G))
     dg += (decay[..., 0] * _state_terms(S_prev, dS_end, G))[:, :, None]
-    return o, ht, {"q": dqs * scale, "k": dk, "v": bw, "g": dg, "beta": dbeta, "initial_state": dh0}
+    grads = {"q": dqs * scale, "k": dk, "v": wg * lam, "g": dg, "b": kc * dbk, "w": vc * lam}
+    return o, ht, grads | {"initial_state": dh0}

@@ -90,6 +90,36 @@ def test_grouped_and_gdn_input_shapes():
     assert make_inputs(c.replace(op="kda"))["g"].shape == (1, 40, 6, 16)
 
 
+def test_gdn2_inputs_gates_and_outputs():
+    """gdn2: g and the erase gate b [B, T, HV, K], the write gate w [B, T, HV, V], all float32 in their
+    ranges and from their own streams (not beta's); q, k L2-normalised; gradients db and dw, no beta;
+    grouped value heads allowed; the id round-trips."""
+    c = Case("gdn2", 1, 40, 2, 16, 8, HV=4, h0=True, ht=True, seqlens=(15, 25), dtype="bfloat16")
+    assert Case.from_id(c.id) == c and Case.from_dict(c.to_dict()) == c
+    assert c.delta_gates == ("b", "w") and not c.has_beta
+    x = make_inputs(c)
+    assert {n: a.shape for n, a in x.items()} == {
+        "q": (1, 40, 2, 16),
+        "k": (1, 40, 2, 16),
+        "v": (1, 40, 4, 8),
+        "g": (1, 40, 4, 16),
+        "b": (1, 40, 4, 16),
+        "w": (1, 40, 4, 8),
+        "initial_state": (2, 4, 16, 8),
+        "do": (1, 40, 4, 8),
+        "dht": (2, 4, 16, 8),
+        "cu_seqlens": (3,),
+    }
+    assert x["b"].dtype == np.float32 and x["w"].dtype == x["v"].dtype  # w in v's dtype, as FLA's backward needs
+    assert all((x[n] > 0).all() and (x[n].astype(np.float32) <= 1).all() for n in ("b", "w"))
+    assert x["g"].dtype == np.float32 and (x["g"] <= 0).all()
+    assert np.allclose(np.linalg.norm(x["q"].astype(np.float64), axis=-1), 1.0, atol=1e-2)
+    kda = make_inputs(c.replace(op="kda"))
+    assert not np.array_equal(x["b"][..., 0], kda["beta"]) and np.array_equal(x["g"], kda["g"])
+    assert c.output_names() == ["o", "ht", "dq", "dk", "dv", "dg", "db", "dw", "dh0"]
+    assert Case("kda", 1, 8, 1, 8, 8).delta_gates == ("beta",) and Case("gla", 1, 8, 1, 8, 8).delta_gates == ()
+
+
 def test_bad_ids_get_clear_errors():
     for bad in [
         "simple_gla-fwd",
@@ -177,6 +207,12 @@ def test_suites_cover_the_matrix():
     delta = [c for c in ci if c.op == "gdn" or c.value_heads > c.H]
     assert {c.op for c in delta} == {"kda", "gdn"} and {c.op for c in delta if c.value_heads > c.H} == {"kda", "gdn"}
     assert all(c.backward and c.T <= 128 and c.K <= 32 for c in delta) and len(delta) <= 4
+    # gdn2 in ci: at most 2 cases, one chunk of B1 H2 K = V = 64, forward and backward, fp32 with h0 / ht and bf16
+    gdn2 = [c for c in ci if c.op == "gdn2"]
+    assert len(gdn2) == 2 and all(c.backward and (c.B, c.T, c.H, c.K, c.V) == (1, 64, 2, 64, 64) for c in gdn2)
+    assert {(c.dtype, c.h0, c.ht) for c in gdn2} == {("float32", True, True), ("bfloat16", False, False)}
+    for suite in ("stability", "varlen", "full", "models", "fla-tests"):
+        assert any(c.op == "gdn2" for c in get_suite(suite)), suite
     assert {c.direction for c in smoke} == {"fwd", "fwdbwd"}
     assert any(1 in c.seqlens for c in get_suite("varlen"))
     assert any(c.gate == "gamma_alibi" and c.chunk_size == 128 for c in get_suite("stability"))

@@ -137,3 +137,104 @@ def test_tpu_inference_gdn_kernels_run_as_a_forward_only_candidate_as_a_user_wou
     assert all(k["agree"] for k in kernels.values()), kernels
     rec = json.loads((reports / "v3" / f"{gdn}.json").read_text())
     assert set(rec["tensors"]) == {"o", "ht"} and all(1e-4 < t["rel_rms"] < 1e-2 for t in rec["tensors"].values())
+
+
+def _run_example(name: str, tmp_path) -> tuple[subprocess.CompletedProcess, str, Path]:
+    """examples/<name>, copied outside the checkout, through its own pytest (-m interpret, compiled
+    for v5e): (process, output, its reports directory)."""
+    repo = tmp_path / name
+    shutil.copytree(EXAMPLES / name, repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PARITY_RUN_ID")}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "interpret", "--parity-tpu-targets=v5e"]
+    p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    return p, p.stdout + p.stderr, repo / "reports" / "pytest"
+
+
+NO_KERNEL = "not run as a TPU kernel: no Pallas kernel in the traced program"
+
+
+def test_ejkernel_gated_delta_rule_runs_its_pallas_kernel_only_for_decode(tmp_path):
+    """examples/ejkernel_gdn: ejkernel 0.0.80.3's Pallas TPU gated_delta_rule (from the registry,
+    its package __init__s skipped). For T > 1 it routes to its XLA recurrence (no pallas_call: the
+    harness fails it as not a TPU kernel, though its values are float32-exact); T = 1 with a state
+    runs its Pallas decode kernels, forward and backward, in TPU interpret mode, and passes."""
+    p, out, reports = _run_example("ejkernel_gdn", tmp_path)
+    assert p.returncode == 1 and "1 failed, 1 passed" in out, out[-4000:]
+    assert "gate: 2 case/candidate pairs, bound factor 1.0: 1 error, 1 pass" in out, out[-4000:]
+    prefill, decode = (
+        "gdn-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-h0-ht",
+        "gdn-fwdbwd-B2-T1-H2-K64-V64-fp32-C16-g_logsig-h0-ht",
+    )
+    assert f"{prefill} [ej] error: {NO_KERNEL}" in out and f"{prefill} [ej] compile-error" in out, out[-4000:]
+    rec = json.loads((reports / "ej" / f"{prefill}.json").read_text())
+    assert all(t["rel_rms"] < 1e-6 for t in rec["tensors"].values()), rec["tensors"]  # HIGHEST XLA: exact
+    rec = json.loads((reports / "ej" / f"{decode}.json").read_text())
+    assert rec["verdict"] == "pass" and rec["platform"] == "cpu:tpu-interpret", rec["verdict"]
+    assert rec["notes"]["pallas"]["ran"] == "tpu-interpret", rec["notes"]["pallas"]
+    assert len(rec["tensors"]) == 8 and all(t["rel_rms"] < 1e-6 for t in rec["tensors"].values())
+    rec = json.loads((reports / "ej" / f"{decode}.compile.json").read_text())
+    kernels = rec["targets"]["v5e"]["numerics"]["kernels"]
+    assert set(kernels) == {"_gdr_single_step_fwd_dma_kernel", "_gdr_single_step_bwd_dma_kernel"}, kernels
+    assert all(k["agree"] for k in kernels.values()), kernels
+
+
+def test_gdn2_pallas_takes_its_pallas_path_only_at_k128(tmp_path):
+    """examples/gdn2_pallas: gdn2-pallas 0.1.1 (its own --target directory: atomic-ops ships a
+    different `atomic_ops`). Asked jax.devices("tpu") inside the call, it sees the TPU the harness
+    answers as and runs its Pallas kernels at K = V = 128 (TPU interpret mode, compiled for v5e,
+    within FLA's error); at K = 64 it takes its pure-JAX reference on any platform (no pallas_call:
+    not a TPU kernel)."""
+    p, out, reports = _run_example("gdn2_pallas", tmp_path)
+    assert p.returncode == 1 and "2 failed" in out, out[-4000:]
+    assert "gate: 4 case/candidate pairs, bound factor 1.0: 2 error, 1 not-judged, 1 pass" in out, out[-4000:]
+    k64, k128 = (
+        "gdn2-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-h0-ht",
+        "gdn2-fwdbwd-B1-T64-H1-K128-V128-fp32-C64-g_logsig-h0-ht",
+    )
+    for cand in ("trainable", "forward"):
+        assert f"{k64} [{cand}] error: {NO_KERNEL}" in out, out[-4000:]
+    rec = json.loads((reports / "trainable" / f"{k128}.json").read_text())
+    assert rec["verdict"] == "pass" and rec["notes"]["pallas"]["ran"] == "tpu-interpret", rec["notes"]
+    asked = rec["notes"]["tpu_identity"]["host"]["asked"]
+    assert asked.get("devices"), asked  # utils.is_tpu_available: jax.devices("tpu")
+    names = [k["name"] for k in rec["notes"]["pallas"]["kernels"]]  # lambdas, named by where they are
+    assert names == [f"<lambda> at gdn2_fwd.py:{n}" for n in (107, 213, 273)] + [
+        f"<lambda> at gdn2_bwd.py:{n}" for n in (85, 195, 370)
+    ], names
+    fla = json.loads((reports / "fla" / f"{k128}.json").read_text())["tensors"]
+    assert len(rec["tensors"]) == 9 and all(t["rel_rms"] < fla[n]["rel_rms"] for n, t in rec["tensors"].items())
+    rec = json.loads((reports / "trainable" / f"{k128}.compile.json").read_text())
+    assert rec["verdict"] == "pass", rec["targets"]
+
+
+def test_atomic_ops_blr_kernels_run_as_tpu_kernels_where_their_config_is_made_inside_the_call(tmp_path):
+    """examples/atomic_ops: atomic-ops 0.2.0's atomic_gdn2 (its own --target directory). A BLRConfig
+    asks jax.default_backend() when it is constructed: made inside the call (blr, blr_exact) it
+    gets interpret False, and its four pallas_calls (three forward, one backward) run in TPU
+    interpret mode and compile for v5e; under make_cfg's settings (wy_eps 1e-3, bf16x3 dots) o is
+    ~1e-4 from the float64 oracle and passes against FLA, with wy_eps 0 and HIGHEST dots ~1e-7.
+    Made when the adapter was imported (blr_import: here at collection, by tests/test_atomic_ops_adapter.py,
+    before any emulation) it holds interpret True: Pallas's generic interpreter, not a TPU kernel;
+    its record says the import was answered by this machine. The kernels are lambdas: the records
+    name each by where it is written."""
+    p, out, reports = _run_example("atomic_ops", tmp_path)
+    assert p.returncode == 1 and "1 failed" in out, out[-4000:]
+    assert "gate: 3 case/candidate pairs, bound factor 1.0: 1 error, 2 pass" in out, out[-4000:]
+    case = "gdn2-fwdbwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig-h0-ht"
+    generic = "its pallas_calls pass interpret=True: Pallas's generic interpreter, on a TPU too, not a Mosaic kernel"
+    assert f"{case} [blr_import] error: not run as a TPU kernel: {generic}" in out, out[-4000:]
+    imported = json.loads((reports / "blr_import" / f"{case}.json").read_text())["notes"]["tpu_identity"]["host"]
+    assert imported["import"] == {"answered_by": "this machine (imported before the harness imported it)"}, imported
+    blr, exact = (json.loads((reports / c / f"{case}.json").read_text()) for c in ("blr", "blr_exact"))
+    for rec in (blr, exact):
+        assert rec["verdict"] == "pass" and rec["notes"]["pallas"]["ran"] == "tpu-interpret", rec["notes"]["pallas"]
+        assert rec["notes"]["tpu_identity"]["host"]["asked"].get("default_backend"), rec["notes"]["tpu_identity"]
+        assert len(rec["tensors"]) == 9
+    assert [k["name"] for k in blr["notes"]["pallas"]["kernels"]] == [
+        "<lambda> at scores.py:94",
+        "<lambda> at solve.py:56",
+        "<lambda> at cd_slim.py:43",
+        "<lambda> at mega.py:71",
+    ], blr["notes"]["pallas"]
+    assert 1e-5 < blr["tensors"]["o"]["rel_rms"] < 1e-3, blr["tensors"]["o"]
+    assert all(t["rel_rms"] < 1e-6 for t in exact["tensors"].values()), exact["tensors"]

@@ -41,8 +41,11 @@ PLANTS = {
         import os, time
         import numpy as np
 
-        def huge(q, k, v, *args, **kwargs):          # finite, but max_ulp overflows
-            return np.full(q.shape[:3] + v.shape[-1:], 1.7e308), None
+        def huge(q, k, v, *args, **kwargs):          # finite, the largest float32
+            return np.full(q.shape[:3] + v.shape[-1:], 3.4e38, np.float32), None
+
+        def wide(q, k, v, *args, **kwargs):          # float64: wider than the case's output dtype
+            return np.zeros(q.shape[:3] + v.shape[-1:]), None
 
         def dies(q, k, v, *args, **kwargs):          # ends its worker mid-case
             os._exit(7)
@@ -282,27 +285,37 @@ def test_2_the_size_limit_is_a_flag(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory, plants):
-    """Two cases through a candidate whose output overflows the metrics and one that kills its worker."""
+    """Two cases through a candidate with the largest float32 output, one that kills its worker and
+    one that returns float64."""
     out = tmp_path_factory.mktemp("run")
-    specs = ["oracle", "huge=jax:fc_plants:huge", "dies=jax:fc_plants:dies"]
+    specs = ["oracle", "huge=jax:fc_plants:huge", "dies=jax:fc_plants:dies", "wide=jax:fc_plants:wide"]
     summary = run_cases([TINY, TINY2], RunConfig(out_dir=out, backends=specs, timeout_s=60, progress=False))
     return out, summary
 
 
-def test_2_a_dying_worker_or_an_overflowing_metric_loses_no_case(faulty_run):
+def test_2_a_dying_worker_a_huge_output_or_a_wrong_dtype_loses_no_case(faulty_run):
     out, summary = faulty_run
-    assert len(summary["results"]) == 6 and summary["interrupted"] is None
+    assert len(summary["results"]) == 8 and summary["interrupted"] is None
     for c in (TINY, TINY2):
         oracle = read_json(result_path(out, "oracle", c.id))
         died = read_json(result_path(out, "dies", c.id))
         assert died["status"] == "error" and "worker process died (exit code 7)" in died["error"]
         assert died["input_hash"] == oracle["input_hash"] == input_hash(make_inputs(c))
-        huge = read_json(result_path(out, "huge", c.id))  # strict JSON, non-finite metrics encoded
-        assert huge["verdict"] == "fail-accuracy" and huge["tensors"]["o"]["max_ulp"] is None
-        assert "tensors.o.max_ulp" in huge["encoded_nonfinite"]
+        huge = read_json(result_path(out, "huge", c.id))  # strict JSON
+        assert huge["verdict"] == "fail-accuracy" and huge["tensors"]["o"]["max_ulp"] > 1e40
+        wide = read_json(result_path(out, "wide", c.id))  # the output contract: o in the case dtype
+        assert wide["status"] == "error" and "'o' has dtype float64, expected float32" in wide["error"]
     assert not list(out.rglob(".tmp-*"))
     manifest = read_json(next(out.glob("manifest-*.json")))
-    assert manifest["finished"] and len(manifest["completed"]) == 6
+    assert manifest["finished"] and len(manifest["completed"]) == 8
+
+
+def test_2_non_finite_metrics_are_written_as_null_and_listed(tmp_path, records):
+    rec = json.loads(json.dumps(records[TINY.id]["pallas"]))
+    rec["tensors"]["o"]["max_ulp"] = float("inf")
+    written = write_record(tmp_path / "r.json", rec)
+    back = read_json(tmp_path / "r.json")  # strict JSON
+    assert back["tensors"]["o"]["max_ulp"] is None and written["encoded_nonfinite"] == ["tensors.o.max_ulp"]
 
 
 def test_2_a_harness_error_in_a_worker_costs_only_that_record_and_the_parent_does_not_raise(tmp_path, plants):

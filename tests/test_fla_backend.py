@@ -20,6 +20,7 @@ from cases import Case, make_inputs
 from parity.execute.backends.fla import FlaBackend, fla_chunk_size
 from parity.execute.backends.oracle import cached_oracle
 from parity.measure.compare import compare_tensor
+from parity.model.spec import Unsupported
 
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():
@@ -296,6 +297,10 @@ FLA_CASES = (
         Case("gdn", 1, 80, 1, 32, 32, dtype="float32", gate="g_logsig", HV=2, h0=True, ht=True),
         Case("kda", 1, 64, 1, 32, 32, dtype="bfloat16", gate="g_logsig", HV=2, h0=True, ht=True, seqlens=(30, 34)),
     ]
+    + [  # GDN-2 (chunk_gdn2): fp32 with h0 / ht; bf16 packed, at chunk 128 (FLA runs its only chunk, 64)
+        Case("gdn2", 1, 64, 2, 64, 64, dtype="float32", gate="g_logsig", h0=True, ht=True),
+        Case("gdn2", 1, 64, 1, 32, 32, dtype="bfloat16", chunk_size=128, h0=True, ht=True, seqlens=(30, 34)),
+    ]
 )
 
 
@@ -311,6 +316,35 @@ def test_fla_in_the_interpreter_is_within_tolerance_of_the_oracle(case):
     for name, x in ex.tensors.items():
         m = compare_tensor(case, name, x, oracle[name])
         assert m["verdict"] == "pass", (name, m["rel_rms"], m["tol"], m["nan"], m["inf"])
+
+
+def test_gdn2_s_write_gate_comes_in_v_s_dtype_and_fla_takes_it_as_it_is():
+    """chunk_gdn2's backward needs w in v's dtype: the registry stores it so (the same bytes for every
+    backend), FLA runs the bf16 case's backward and returns dw in that dtype."""
+    case = next(c for c in FLA_CASES if c.op == "gdn2" and c.dtype == "bfloat16")
+    inputs = make_inputs(case)
+    assert inputs["w"].dtype == inputs["v"].dtype and inputs["b"].dtype == np.float32
+    ex = FlaBackend().run(case, inputs)
+    assert "inputs" not in ex.notes and np.isfinite(ex.tensors["dw"].astype(np.float32)).all()
+
+
+@pytest.mark.parametrize(
+    "case_id, reason",
+    [
+        ("gdn2-fwdbwd-B1-T64-H1-K32-V32-fp32-C64-g_logsig-HV2", "no grouped value heads"),
+        ("gdn2-fwd-B1-T16-H1-K512-V64-fp32-C64-g_logsig", "K <= 256"),
+    ],
+)
+def test_fla_declares_what_chunk_gdn2_cannot_run_unsupported(case_id, reason):
+    """FLA 0.6.0's chunk_gdn2 asserts v with H heads and K <= 256: such cases are `unsupported`, with the
+    reason, before anything is imported or run."""
+    from parity.execute.backends.base import execute
+
+    case = Case.from_id(case_id)
+    with pytest.raises(Unsupported, match=reason):
+        FlaBackend.kernel_call(case)
+    r = execute(FlaBackend(), case, make_inputs(case))
+    assert r.status == "unsupported" and reason in r.error
 
 
 def test_fla_takes_an_h100s_tiles_in_the_interpreter():

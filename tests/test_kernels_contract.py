@@ -1,7 +1,7 @@
 """The one input contract and the one chunk layout of the kernels_jax ops.
 
 The same bad inputs go to every entry point (chunk_simple_gla, fused_chunk_simple_gla,
-chunk_gla, chunk_kda, chunk_gdn) and must raise the same error, "<op>: <argument> must ..."; the layout
+chunk_gla, chunk_kda, chunk_gdn, chunk_gdn2) and must raise the same error, "<op>: <argument> must ..."; the layout
 plan is checked against an independent per-token walk, host and traced alike; head dims off
 the tiles (K != V, odd sizes, V = 512) and empty packed sequences run on every op against the
 float64 oracle."""
@@ -19,6 +19,7 @@ from kernels_jax.common import config
 from kernels_jax.common import layout as layout_mod
 from kernels_jax.common.validation import NoKernel
 from kernels_jax.gdn import chunk_gdn
+from kernels_jax.gdn2 import chunk_gdn2
 from kernels_jax.gla import chunk_gla
 from kernels_jax.kda import chunk_kda
 from kernels_jax.simple_gla import chunk_simple_gla, fused_chunk_simple_gla
@@ -31,6 +32,7 @@ ENTRY_POINTS = {  # name -> (function, op prefix of its errors, its gate argumen
     "chunk_gla": (chunk_gla, "gla", "g"),
     "chunk_kda": (chunk_kda, "kda", "g"),
     "chunk_gdn": (chunk_gdn, "gdn", "g"),
+    "chunk_gdn2": (chunk_gdn2, "gdn2", "g"),
 }
 
 
@@ -44,6 +46,8 @@ def valid_args(entry: str, B=1, T=40, H=2, K=64, V=64, dtype=jnp.float32) -> dic
         kw["g"] = jnp.full((B, T, H) if entry == "chunk_gdn" else (B, T, H, K), -0.1, jnp.float32)
     if entry in ("chunk_kda", "chunk_gdn"):
         kw["beta"] = jnp.full((B, T, H), 0.5, jnp.float32)
+    if entry == "chunk_gdn2":
+        kw["b"], kw["w"] = jnp.full((B, T, H, K), 0.5, jnp.float32), jnp.full((B, T, H, V), 0.5, jnp.float32)
     return kw
 
 
@@ -125,16 +129,19 @@ def test_valid_input_without_a_kernel_is_no_kernel(entry, message, dims, monkeyp
 
 
 def _grouped(entry, HV):
-    """Valid arguments with HV value heads on H = 2 q, k heads (v, g, beta and the state)."""
+    """Valid arguments with HV value heads on H = 2 q, k heads (v, g, beta or b, w and the state)."""
     kw = valid_args(entry)
     B, T, H, K = kw["q"].shape
     kw["v"] = jnp.zeros((B, T, HV, 64), jnp.float32)
     kw["g"] = jnp.full((B, T, HV) + kw["g"].shape[3:], -0.1, jnp.float32)
-    kw["beta"] = jnp.full((B, T, HV), 0.5, jnp.float32)
+    if entry == "chunk_gdn2":
+        kw["b"], kw["w"] = jnp.full((B, T, HV, K), 0.5, jnp.float32), jnp.full((B, T, HV, 64), 0.5, jnp.float32)
+    else:
+        kw["beta"] = jnp.full((B, T, HV), 0.5, jnp.float32)
     return {**kw, "initial_state": jnp.zeros((B, HV, K, 64)), "output_final_state": True}
 
 
-@pytest.mark.parametrize("entry", ["chunk_kda", "chunk_gdn"])
+@pytest.mark.parametrize("entry", ["chunk_kda", "chunk_gdn", "chunk_gdn2"])
 def test_grouped_value_heads_are_a_multiple_of_the_q_k_heads(entry, monkeypatch):
     """HV = G * H value heads get past validation; HV = 3 on H = 2 is refused naming v; the other
     ops refuse HV != H (the same message without the grouped alternative)."""

@@ -49,6 +49,9 @@ def test_mutant_is_caught_on_its_witness_and_the_kernel_is_clean(mutant, tmp_pat
     if mutant.tpu_only:  # right numbers on CPU: only the compile check sees it
         assert entry["verdict"] == "compile-error", entry
         assert all(t["verdict"] == "pass" for t in entry["tensors"].values()), entry
+    if mutant.name == "interpret-left-on":  # right numbers, but no TPU kernel as written: never passed
+        assert entry["verdict"] == "error" and "TPU interpret mode left on" in entry["error"], entry
+        assert all(t["verdict"] == "pass" for t in entry["tensors"].values()), entry
 
 
 @pytest.mark.parametrize("name", [m.name for m in CATALOGUE if m.tpu_only])

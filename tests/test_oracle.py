@@ -10,7 +10,7 @@ import pytest
 
 from cases import Case, make_inputs
 from parity.measure.compare import rel_rms
-from references import chunked, gdn, gla, kda, oracle_names, oracle_run, simple_gla
+from references import chunked, gdn, gdn2, gla, kda, oracle_names, oracle_run, simple_gla
 
 F64_AGREEMENT = 1e-12  # two float64 formulations of the same maths
 
@@ -109,8 +109,9 @@ FD_CASES = [
     Case("kda", 1, 9, 2, 4, 3, h0=True, ht=True, seqlens=(5, 4)),
     Case("kda", 2, 7, 1, 4, 3, h0=True, ht=True, HV=2),
     Case("gdn", 1, 9, 1, 4, 3, h0=True, ht=True, seqlens=(5, 4), HV=2),
+    Case("gdn2", 1, 9, 1, 4, 3, h0=True, ht=True, seqlens=(5, 4), HV=2),
 ]
-MODULES = {"simple_gla": simple_gla, "gla": gla, "kda": kda, "gdn": gdn}
+MODULES = {"simple_gla": simple_gla, "gla": gla, "kda": kda, "gdn": gdn, "gdn2": gdn2}
 
 
 @pytest.mark.parametrize("case", FD_CASES, ids=lambda c: c.id)
@@ -129,8 +130,7 @@ def test_every_gradient_matches_central_finite_differences(case):
 
     rng = np.random.default_rng(0)
     names = {"q": "dq", "k": "dk", "v": "dv", case.gate_name: "d" + case.gate_name, "initial_state": "dh0"}
-    if case.has_beta:
-        names["beta"] = "dbeta"
+    names |= {n: "d" + n for n in case.delta_gates}
     for arg, gname in names.items():
         D = rng.standard_normal(np.shape(kw[arg]))
         eps = 1e-6
@@ -177,7 +177,7 @@ def test_conventions_agree_with_fla_naive_recurrences(op, HV):
     assert e_o < FLA_NAIVE_AGREEMENT and e_ht < FLA_NAIVE_AGREEMENT, (e_o, e_ht)
 
 
-@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda", "gdn"])
+@pytest.mark.parametrize("op", ["simple_gla", "gla", "kda", "gdn", "gdn2"])
 def test_varlen_equals_each_sequence_alone(op):
     lens = (5, 1, 17, 9)
     packed = Case(op, 1, sum(lens), 2, 8, 4, seqlens=lens, h0=True, ht=True)
@@ -296,6 +296,11 @@ CHUNKED_CASES = [
     Case("gdn", 1, 90, 1, 8, 8, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(1, 70, 19), HV=2),
     Case("gdn", 2, 70, 2, 8, 16, gate="g_stress", gate_params={"mag": 40}, ht=True, direction="fwd", HV=4),
     Case("gdn", 1, 1, 2, 8, 4, h0=True, ht=True, dtype="bfloat16"),
+    Case("gdn2", 2, 37, 2, 16, 8, h0=True, ht=True),
+    Case("gdn2", 1, 50, 2, 8, 12, gate="g_stress", gate_params={"mag": 6}, h0=True, ht=True, seqlens=(16, 1, 33), HV=4),
+    Case("gdn2", 1, 40, 1, 8, 8, gate="g_stress", gate_params={"mag": 40}, ht=True, HV=2),
+    Case("gdn2", 1, 1, 2, 8, 4, h0=True, ht=True, dtype="bfloat16"),
+    Case("gdn2", 2, 40, 1, 32, 16, gate_params={"norm": 1}, h0=True, direction="fwd"),
 ]
 
 
@@ -344,6 +349,7 @@ def test_chunked_is_the_default_and_methods_are_checked():
 GROUPED_CASES = [
     Case("kda", 2, 23, 2, 8, 4, h0=True, ht=True, HV=4),
     Case("gdn", 1, 30, 1, 8, 4, h0=True, ht=True, seqlens=(11, 1, 18), HV=3, gate="g_stress"),
+    Case("gdn2", 1, 30, 1, 8, 4, h0=True, ht=True, seqlens=(11, 1, 18), HV=2),
 ]
 
 
@@ -370,3 +376,47 @@ def test_gdn_equals_kda_with_the_gate_broadcast(method):
     ref["dg"] = ref["dg"].sum(-1)
     errs = {n: rel_rms(got[n], ref[n]) for n in oracle_names(case)}
     assert max(errs.values()) < F64_AGREEMENT, errs
+
+
+# ---------------------------------------------------------------- gdn2
+# GDN-2 with b = beta on every key channel and w = beta on every value channel is kda (dbeta = the
+# sum over K of db plus the sum over V of dw), by either method; and its recurrence is FLA's
+# naive_recurrent_gdn2 computed in float64.
+@pytest.mark.parametrize("method", ["chunked", "recurrence"])
+def test_gdn2_with_b_and_w_beta_equals_kda(method):
+    case = Case("kda", 1, 70, 1, 8, 4, h0=True, ht=True, HV=2, seqlens=(33, 37))
+    x = make_inputs(case)
+    ref = oracle_run(case, x, method=method)
+    beta = x["beta"][..., None]
+    x2 = {n: a for n, a in x.items() if n != "beta"}
+    x2["b"] = np.ascontiguousarray(np.broadcast_to(beta, beta.shape[:-1] + (case.K,)))
+    x2["w"] = np.ascontiguousarray(np.broadcast_to(beta, beta.shape[:-1] + (case.V,)))
+    got = oracle_run(case.replace(op="gdn2"), x2, method=method)
+    got["dbeta"] = got.pop("db").sum(-1) + got.pop("dw").sum(-1)
+    errs = {n: rel_rms(got[n], ref[n]) for n in oracle_names(case)}
+    assert max(errs.values()) < F64_AGREEMENT, errs
+
+
+def test_gdn2_recurrence_equals_fla_naive_in_float64(monkeypatch):
+    """FLA's naive_recurrent_gdn2 run in float64: its .float() casts and float32 buffers made float64
+    for the call (torch.Tensor.float and the module's torch.float32), so the two definitions agree to
+    float64 rounding, forward and final state, with h0 and a scale."""
+    import types
+
+    import torch
+    from fla.ops.gdn2 import naive as fla_naive
+
+    monkeypatch.setattr(torch.Tensor, "float", lambda self: self.double())
+    proxy = types.SimpleNamespace(**{n: getattr(torch, n) for n in ("zeros", "float32")})
+    proxy.float32 = torch.float64
+    monkeypatch.setattr(fla_naive, "torch", proxy)
+    c = Case("gdn2", 2, 30, 2, 16, 8, h0=True, ht=True, scale=0.3, direction="fwd")
+    x = make_inputs(c)
+    t = {n: torch.from_numpy(np.asarray(a, np.float64)) for n, a in x.items()}
+    o2, ht2 = fla_naive.naive_recurrent_gdn2(
+        t["q"], t["k"], t["v"], t["g"], t["b"], t["w"], 0.3, initial_state=t["initial_state"], output_final_state=True
+    )
+    assert o2.dtype == ht2.dtype == torch.float64
+    r = oracle_run(c, x, method="recurrence")
+    e_o, e_ht = rel_rms(o2.numpy(), r["o"]), rel_rms(ht2.numpy(), r["ht"])
+    assert e_o < F64_AGREEMENT and e_ht < F64_AGREEMENT, (e_o, e_ht)

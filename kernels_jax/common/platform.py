@@ -9,7 +9,6 @@ checked on CPU and compiled on TPU.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import jax
 from jax.experimental.pallas import tpu as pltpu
@@ -17,8 +16,9 @@ from jax.experimental.pallas import tpu as pltpu
 from .mutation import active
 
 
-@functools.cache
 def on_tpu() -> bool:
+    """Whether jax runs on a TPU (asked at every call, as a kernel library asks: a harness that
+    emulates a TPU host answers yes while it does)."""
     try:
         return any(d.platform == "tpu" for d in jax.devices())
     except RuntimeError:

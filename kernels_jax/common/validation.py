@@ -2,13 +2,14 @@
 
 Every op takes FLA's layout: q, k [B, T, H, K]; v [B, T, HV, V]; initial_state [N, HV, K, V]
 with N = B, or the number of packed sequences when cu_seqlens [N + 1] is given (B == 1); HV = H,
-except for the delta-rule ops (kda, gdn), where HV may be any multiple G * H (FLA's grouped value
-heads: value head j reads q, k head j // G). One rule set for all four ops (`validate`):
+except for the delta-rule ops (kda, gdn, gdn2), where HV may be any multiple G * H (FLA's grouped
+value heads: value head j reads q, k head j // G). One rule set for all five ops (`validate`):
 
     q, k, v      rank 4, one float dtype; B, T, H >= 1
     gates        simple_gla: g [B, T, H] or g_gamma [H] or neither (not both);
                  gla: g [B, T, H, K]; kda: g [B, T, HV, K] and beta [B, T, HV];
                  gdn: g [B, T, HV] and beta [B, T, HV]
+                 gdn2: g [B, T, HV, K], erase gate b [B, T, HV, K], write gate w [B, T, HV, V]
                  log-decays (g, g_gamma) must be finite and <= 0 where their values are known
                  (a positive decay overflows exp inside a chunk: seed 001)
     scale        None (K ** -0.5) or a finite number > 0
@@ -33,8 +34,8 @@ import numpy as np
 
 from .mutation import active
 
-OPS = ("simple_gla", "gla", "kda", "gdn")
-DELTA_OPS = ("kda", "gdn")  # beta, and grouped value heads
+OPS = ("simple_gla", "gla", "kda", "gdn", "gdn2")
+DELTA_OPS = ("kda", "gdn", "gdn2")  # grouped value heads; beta (kda, gdn) or the gates b, w (gdn2)
 CHUNK_SIZES = (16, 32, 64, 128)
 MAX_K = 256
 MAX_V = 512
@@ -62,7 +63,7 @@ class Problem:
     N: int  # sequences (rows of the state): B, or len(cu_seqlens) - 1
     chunk_size: int
     scale: float
-    HV: int  # value heads (of v, o, g, beta, the state): H, or G * H for kda and gdn
+    HV: int  # value heads (of v, o, g, beta, the state): H, or G * H for kda, gdn and gdn2
 
 
 def check_supported(K: int, V: int, dtype=None, op: str = "kernels_jax") -> None:
@@ -127,6 +128,8 @@ def validate(
     g=None,
     g_gamma=None,
     beta=None,
+    b=None,
+    w=None,
     scale=None,
     initial_state=None,
     output_final_state=False,
@@ -164,7 +167,7 @@ def validate(
         if g_gamma is not None:
             chk.log_decay("g_gamma", g_gamma, (H,))
         chk.absent("beta", beta, "simple_gla has no beta")
-    elif op in ("gla", "kda", "gdn"):
+    elif op in ("gla", "kda", "gdn", "gdn2"):
         per_head = op == "gdn"
         heads = "H" if op == "gla" else "HV"
         shape, named = (
@@ -176,7 +179,13 @@ def validate(
             chk.fail("g", f"be given: {op} needs a {named}", None)
         chk.log_decay("g", g, shape)
         chk.absent("g_gamma", g_gamma, f"{op} gates with g")
-        if op in DELTA_OPS:
+        if op == "gdn2":
+            chk.absent("beta", beta, "gdn2 gates with b and w")
+            if b is None or w is None:
+                chk.fail("b" if b is None else "w", "be given: gdn2 needs b [B, T, HV, K] and w [B, T, HV, V]", None)
+            chk.floating("b", b, (B, T, HV, K))
+            chk.floating("w", w, (B, T, HV, V))
+        elif op in DELTA_OPS:
             if beta is None:
                 chk.fail("beta", f"be given: {op} needs beta [B, T, HV]", None)
             chk.floating("beta", beta, (B, T, HV))
@@ -184,6 +193,9 @@ def validate(
             chk.absent("beta", beta, "gla has no beta")
     else:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if op != "gdn2":
+        chk.absent("b", b, f"{op} has no erase gate b")
+        chk.absent("w", w, f"{op} has no write gate w")
     if scale is not None:
         if (
             isinstance(scale, bool)

@@ -12,7 +12,9 @@ Backward (jax.custom_vjp): recompute the forward factors and states, run the sta
 backwards over chunks, then every per-chunk gradient in parallel (kernels.py).
 Grouped value heads (HV = G * H): the kernels run per value head h and read q, k head h // G
 through their index maps; dq, dk are summed over each group here. GDN (kernels_jax/gdn) is this
-op with its per-head log-decay broadcast over K (`delta_rule("gdn", ...)`).
+op with its per-head log-decay broadcast over K (`delta_rule("gdn", ...)`); GDN-2 (kernels_jax/gdn2)
+splits beta into a per-K-channel erase gate b (beta k -> b k) and a per-V-channel write gate w
+(beta v -> w v), `channel_gated_delta_rule`.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ ALIGN = 8  # head dims padded to whole sublanes
 
 
 # ---------------------------------------------------------------- custom_vjp core
-def _forward(q, k, v, g, beta, h0, seq, first, last, cfg: KernelConfig, *, store_states: bool):
+# gates: (beta [HV, P, 1],) for kda and gdn, (b [HV, P, K], w [HV, P, V]) for gdn2 (kernels.py)
+def _forward(q, k, v, g, gates, h0, seq, first, last, cfg: KernelConfig, *, store_states: bool):
     """-> o, v_new, h (or None), ht, (W, A_qk)."""
-    W, U, A_qk = kernels.intra(q, k, v, g, beta, cfg)
+    W, U, A_qk = kernels.intra(q, k, v, g, gates, cfg)
     outs = kernels.recurrence_fwd(
         q, k, g, W, U, A_qk, h0, (seq, first, last), cfg, out_dtype=q.dtype, store_states=store_states
     )
@@ -42,29 +45,29 @@ def _forward(q, k, v, g, beta, h0, seq, first, last, cfg: KernelConfig, *, store
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def _kda_core(q, k, v, g, beta, h0, seq, first, last, cfg: KernelConfig):
+def _kda_core(q, k, v, g, gates, h0, seq, first, last, cfg: KernelConfig):
     """Packed layout (kernels.py). -> o [HV, P, V] in q's dtype, ht [N, HV, K, V] float32."""
-    o, _, _, ht, _ = _forward(q, k, v, g, beta, h0, seq, first, last, cfg, store_states=False)
+    o, _, _, ht, _ = _forward(q, k, v, g, gates, h0, seq, first, last, cfg, store_states=False)
     return o, ht
 
 
-def _kda_core_fwd(q, k, v, g, beta, h0, seq, first, last, cfg):
+def _kda_core_fwd(q, k, v, g, gates, h0, seq, first, last, cfg):
     """Keeps the chunk factors W, A_qk, v_new and the chunk-start states h for the backward."""
-    o, vn, h, ht, (W, A_qk) = _forward(q, k, v, g, beta, h0, seq, first, last, cfg, store_states=True)
-    return (o, ht), (q, k, v, g, beta, (seq, first, last), W, A_qk, vn, h)
+    o, vn, h, ht, (W, A_qk) = _forward(q, k, v, g, gates, h0, seq, first, last, cfg, store_states=True)
+    return (o, ht), (q, k, v, g, gates, (seq, first, last), W, A_qk, vn, h)
 
 
 def _kda_core_bwd(cfg, residuals, cotangents):
     """From the forward's factors and chunk states: the state gradient backwards over chunks,
-    then every per-chunk gradient. -> dq, dk, dv, dg, dbeta, dh0."""
-    q, k, v, g, beta, tables, W, A_qk, vn, h = residuals
+    then every per-chunk gradient. -> dq, dk, dv, dg, (dbeta,) or (db, dw), dh0."""
+    q, k, v, g, gates, tables, W, A_qk, vn, h = residuals
     do, dht = cotangents
     dvn, dh, dh0 = kernels.recurrence_bwd(q, k, g, W, A_qk, do, dht.astype(jnp.float32), tables, cfg)
-    dq, dk, dv, dg, dbeta = kernels.chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, cfg)
+    dq, dk, dv, dg, *dgates = kernels.chunk_grads(q, k, v, g, gates, h, dh, vn, dvn, do, cfg)
     # per value head [HV, P, K] -> per q, k head [H, P, K]: the sum over its G value heads
     dq, dk = (x.reshape((cfg.H, cfg.G) + x.shape[1:]).sum(1) for x in (dq, dk))
-    # g, beta and h0 are float32 in the packed layout (chunk_kda casts them)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, dbeta, dh0, None, None, None
+    # g, the gates and h0 are float32 in the packed layout (chunk_kda casts them)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, tuple(dgates), dh0, None, None, None
 
 
 _kda_core.defvjp(_kda_core_fwd, _kda_core_bwd)
@@ -103,22 +106,49 @@ def delta_rule(op: str, q, k, v, g, beta, scale, initial_state, output_final_sta
         cu_seqlens=cu_seqlens,
         chunk_size=chunk_size,
     )
-    o, ht = _chunk_delta_rule(q, k, v, g, beta, initial_state, layout, cfg, op == "gdn")
+    o, ht = _chunk_delta_rule(q, k, v, g, (beta,), initial_state, layout, cfg, op == "gdn")
+    return o, (ht if output_final_state else None)
+
+
+def channel_gated_delta_rule(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size):
+    """GDN-2 by the KDA kernels: erase gate b [B, T, HV, K] on the keys, write gate w [B, T, HV, V]
+    on the values (kernels_jax/gdn2). -> (o, final_state or None)."""
+    layout, cfg = prepare(
+        "gdn2",
+        q,
+        k,
+        v,
+        align=ALIGN,
+        g=g,
+        b=b,
+        w=w,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+    )
+    o, ht = _chunk_delta_rule(q, k, v, g, (b, w), initial_state, layout, cfg, False)
     return o, (ht if output_final_state else None)
 
 
 @functools.partial(jax.jit, static_argnums=(7, 8))
-def _chunk_delta_rule(q, k, v, g, beta, initial_state, layout: ChunkLayout, cfg: KernelConfig, per_head: bool):
-    """The stages as one program: pack (K, V padded; g, beta in float32; a per-head g broadcast
-    over K), the kernels, unpack."""
+def _chunk_delta_rule(q, k, v, g, gates, initial_state, layout: ChunkLayout, cfg: KernelConfig, per_head: bool):
+    """The stages as one program: pack (K, V padded; g and the gates in float32; a per-head g
+    broadcast over K), the kernels, unpack. gates: (beta [B, T, HV],) or (b [B, T, HV, K],
+    w [B, T, HV, V])."""
     qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
     g = g.astype(jnp.float32)
     if per_head:
         g = jnp.broadcast_to(g[..., None], g.shape + (cfg.K_in,))
     gp = layout.pack(g, cfg.K)
-    betap = layout.pack(beta.astype(jnp.float32)[..., None])
+    if len(gates) == 1:
+        gates_p = (layout.pack(gates[0].astype(jnp.float32)[..., None]),)
+    else:
+        b, w = gates
+        gates_p = (layout.pack(b.astype(jnp.float32), cfg.K), layout.pack(w.astype(jnp.float32), cfg.V))
     h0 = (
         jnp.zeros((cfg.N, cfg.HV, cfg.K, cfg.V), jnp.float32) if initial_state is None else cfg.pad_state(initial_state)
     )
-    o, ht = _kda_core(qp, kp, vp, gp, betap, h0, *layout.tables(), cfg)
+    o, ht = _kda_core(qp, kp, vp, gp, gates_p, h0, *layout.tables(), cfg)
     return layout.unpack(o, cfg.V_in), cfg.cut_state(ht)

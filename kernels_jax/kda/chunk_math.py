@@ -10,6 +10,9 @@ reductions, so it lowers to Mosaic. One chunk of C tokens, K key channels, V val
     Inv    [C, C]  (I + diag(beta) A_kk)^-1 by forward substitution
     W      [C, K]  Inv @ (beta * k * exp(G))       (WY effective keys)
     U      [C, V]  Inv @ (beta * v)                (WY effective values)
+GDN-2 (channel-wise erase gate b [C, K], write gate w [C, V]) builds A_kk from the keys b * k
+(A_kk[i, j] = sum_c b_i[c] k_i[c] k_j[c] exp(G_i[c] - G_j[c])), Inv = (I + A_kk)^-1,
+W = Inv @ (b * k * exp(G)), U = Inv @ (w * v).
 
 Decays: every exponent is the sum of g over a token interval, computed directly as
 (interval indicator matrix) @ g: G_i - G_j = sum_{j<t<=i} g_t for i >= j, the sums either side of
@@ -168,10 +171,12 @@ def causal_mask(C, strict: bool):
     return r > c if strict else r >= c
 
 
-def wy_factors(A_kk, k, decay, beta):
-    """(Inv, X) with X = beta * k * exp(G), so that W = Inv @ X. A_kk [C, C] strictly lower;
-    k, decay = exp(G) [C, K]; beta [C, 1]."""
-    return unit_lower_inverse(beta * A_kk), beta * k * decay
+def wy_factors(A_kk, k, decay, erase, *, rows_gated: bool = True):
+    """(Inv, X) with X = erase * k * exp(G), so that W = Inv @ X. A_kk [C, C] strictly lower;
+    k, decay = exp(G) [C, K]; erase: KDA's beta [C, 1], which also scales A_kk's rows
+    (rows_gated: Inv = (I + diag(beta) A_kk)^-1), or GDN-2's erase gate b [C, K], already inside
+    A_kk through its keys b * k (rows_gated False: Inv = (I + A_kk)^-1)."""
+    return unit_lower_inverse(erase * A_kk if rows_gated else A_kk), erase * k * decay
 
 
 def chunk_decays(g):

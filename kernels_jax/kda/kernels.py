@@ -2,17 +2,25 @@
 
 Layout (built by chunk.py): every sequence starts on a chunk boundary and is zero-padded to
 whole chunks; tokens are flattened to P = NT * C rows per head:
-    q, k [H, P, K]; g, W [HV, P, K]; v, U, o, vn [HV, P, V]; beta [HV, P, 1]; A_qk [HV, P, C]
+    q, k [H, P, K]; g, W [HV, P, K]; v, U, o, vn [HV, P, V]; A_qk [HV, P, C]
+    gates: kda, gdn (beta,) with beta [HV, P, 1] on both sides; gdn2 (b, w) with the erase gate
+    b [HV, P, K] on the keys and the write gate w [HV, P, V] on the values
     states S [K, V] as in every op: h, dh [HV, NT, K, V]; h0, ht, dht, dh0 [N, HV, K, V]
 Grids run over the HV value heads; value head h reads q, k head h // G (HV = G * H, FLA's
 grouped value heads) through the index maps of q and k, never a repeated copy.
     tables (seq, first, last) int32 [NT] each (common/layout.py): scalar prefetch.
-Padded rows have q = k = v = g = beta = 0, so they leave the state unchanged.
+Padded rows have q = k = v = g = gates = 0, so they leave the state unchanged.
 
     intra            (HV, NT) parallel       W, U, A_qk per chunk (WY factors, triangular solve)
     recurrence_fwd   (HV, NV, NT) sequential o, v_new = U - W S, chunk-start states h, final states
     recurrence_bwd   (HV, NV, NT) reversed   dv_new, chunk-end state gradients dh, dh0
-    chunk_grads      (HV, NT) parallel       dq, dk (per value head), dv, dg, dbeta from h, dh, v_new, dv_new
+    chunk_grads      (HV, NT) parallel       dq, dk (per value head), dv, dg, and dbeta (kda, gdn) or
+                                             db, dw (gdn2) from h, dh, v_new, dv_new
+The two recurrences never read the gates: they are the same kernels for kda, gdn and gdn2. intra
+and chunk_grads take the gates as a tuple (its length is static): (beta,) runs KDA's arithmetic
+unchanged (beta scales the rows of A_kk); (b, w), GDN-2's, where b enters A_kk through its keys
+(A_kk[i, j] = sum_c b_i[c] k_i[c] k_j[c] exp(G_i[c] - G_j[c])) and their pallas_calls are named
+gdn2_intra, gdn2_chunk_grads.
 """
 
 from __future__ import annotations
@@ -60,25 +68,53 @@ def _qk_rows(cfg: KernelConfig, chunk=None):
 
 
 # ---------------------------------------------------------------- intra-chunk (WY) kernel
-def _intra_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, W_ref, U_ref, Aqk_ref):
-    q, k, v, g, beta = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...], beta_ref[...]
+def _gate_values(gate_refs):
+    """(erase, write, channel): the gates of one chunk from their refs. KDA's (beta,) [C, 1] is
+    both; GDN-2's (b [C, K], w [C, V]); channel: whether they are GDN-2's per-channel gates."""
+    if len(gate_refs) == 1:
+        beta = gate_refs[0][...]
+        return beta, beta, False
+    return gate_refs[0][...], gate_refs[1][...], True
+
+
+def _erase_keys(k, erase, channel: bool):
+    """The keys A_kk is built from: k (KDA: beta scales A_kk's rows after) or b * k (GDN-2)."""
+    return erase * k if channel else k
+
+
+def _intra_kernel(q_ref, k_ref, v_ref, g_ref, *refs):
+    """One (head, chunk): q, k, g, W [C, K]; v, U [C, V]; A_qk [C, C]; gates (beta [C, 1]) or
+    (b [C, K], w [C, V])."""
+    *gate_refs, W_ref, U_ref, Aqk_ref = refs
+    q, k, v, g = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...]
+    erase, write, channel = _gate_values(gate_refs)
     decay, _, _ = chunk_decays(g)
-    A_qk, A_kk = decayed_products((q, k), k, g)
-    inv, X = wy_factors(jnp.where(causal_mask(g.shape[0], strict=True), A_kk, 0.0), k, decay, beta)
+    A_qk, A_kk = decayed_products((q, _erase_keys(k, erase, channel)), k, g)
+    A_kk = jnp.where(causal_mask(g.shape[0], strict=True), A_kk, 0.0)
+    inv, X = wy_factors(A_kk, k, decay, erase, rows_gated=not channel)
     W_ref[...] = dot(inv, X)
-    U_ref[...] = dot(inv, v if active("beta_keys_only") else beta * v)  # mutation suite: beta on keys only
+    U_ref[...] = dot(inv, v if active("beta_keys_only") else write * v)  # mutation suite: beta on keys only
     Aqk_ref[...] = A_qk
 
 
-def intra(q, k, v, g, beta, cfg: KernelConfig):
-    """q, k [H, P, K], g [HV, P, K], v [HV, P, V], beta [HV, P, 1] -> W [HV, P, K], U [HV, P, V],
-    A_qk [HV, P, C]."""
+def _gate_dims(gates, cfg: KernelConfig) -> list[int]:
+    """The gates' last dims: (beta [HV, P, 1]) or (b [HV, P, K], w [HV, P, V])."""
+    return [1] if len(gates) == 1 else [cfg.K, cfg.V]
+
+
+def _name(gates, kernel: str) -> str:
+    return ("kda_" if len(gates) == 1 else "gdn2_") + kernel
+
+
+def intra(q, k, v, g, gates, cfg: KernelConfig):
+    """q, k [H, P, K], g [HV, P, K], v [HV, P, V], gates (beta [HV, P, 1]) or (b [HV, P, K],
+    w [HV, P, V]) -> W [HV, P, K], U [HV, P, V], A_qk [HV, P, C]."""
     H, K, V, C, P = cfg.HV, cfg.K, cfg.V, cfg.C, cfg.slots
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h, c: (h, c, 0))
     return pl.pallas_call(
         _intra_kernel,
         grid=(H, P // C),
-        in_specs=[_qk_rows(cfg), _qk_rows(cfg), rows(V), rows(K), rows(1)],
+        in_specs=[_qk_rows(cfg), _qk_rows(cfg), rows(V), rows(K), *(rows(d) for d in _gate_dims(gates, cfg))],
         out_specs=[rows(K), rows(V), rows(C)],
         out_shape=[
             jax.ShapeDtypeStruct((H, P, K), F32),
@@ -87,8 +123,8 @@ def intra(q, k, v, g, beta, cfg: KernelConfig):
         ],
         compiler_params=params("parallel", "parallel"),
         interpret=interpret_mode(),
-        name="kda_intra",
-    )(q, k, v, g, beta)
+        name=_name(gates, "intra"),
+    )(q, k, v, g, *gates)
 
 
 # ---------------------------------------------------------------- forward state recurrence
@@ -238,33 +274,21 @@ def recurrence_bwd(q, k, g, W, A_qk, do, dht, tables, cfg: KernelConfig):
 
 
 # ---------------------------------------------------------------- per-chunk gradients
-def _chunk_grads_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    g_ref,
-    beta_ref,
-    h_ref,
-    dh_ref,
-    vn_ref,
-    dvn_ref,
-    do_ref,
-    dq_ref,
-    dk_ref,
-    dv_ref,
-    dg_ref,
-    dbeta_ref,
-    *,
-    scale: float,
-):
-    q, k, v, g, beta = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...], beta_ref[...]
+def _chunk_grads_kernel(q_ref, k_ref, v_ref, g_ref, *refs, scale: float, n_gates: int):
+    """One (head, chunk): q, k, g, dq, dk, dg [C, K]; v, v_new, dv_new, do, dv [C, V]; h, dh
+    [K, V]; gates (beta [C, 1]) -> dbeta [C, 1], or (b [C, K], w [C, V]) -> db [C, K], dw [C, V]."""
+    gate_refs, refs = refs[:n_gates], refs[n_gates:]
+    h_ref, dh_ref, vn_ref, dvn_ref, do_ref, dq_ref, dk_ref, dv_ref, dg_ref, *dgate_refs = refs
+    q, k, v, g = _f32(q_ref), _f32(k_ref), _f32(v_ref), g_ref[...]
+    erase, write, channel = _gate_values(gate_refs)
     S, dS, vn, dvn, do = h_ref[...], dh_ref[...], vn_ref[...], dvn_ref[...], _f32(do_ref)  # S, dS [K, V]
     C = q.shape[0]
     decay, decay_last, decay_to_end = chunk_decays(g)
     strict = causal_mask(C, strict=True)
-    (A_kk,) = decayed_products((k,), k, g)
+    bk = _erase_keys(k, erase, channel)
+    (A_kk,) = decayed_products((bk,), k, g)
     A_kk = jnp.where(strict, A_kk, 0.0)
-    inv, X = wy_factors(A_kk, k, decay, beta)
+    inv, X = wy_factors(A_kk, k, decay, erase, rows_gated=not channel)
 
     # o = scale (q exp(G)) S + scale A_qk v_new;  S_end = exp(G_last) S + (k exp(G_last - G))^T v_new
     dqg = scale * dot(do, S, trans_b=True)
@@ -277,47 +301,61 @@ def _chunk_grads_kernel(
     dk = dkd * decay_to_end
     dG = dqg * q * decay - dkd * kd
 
-    # v_new = U - W S, U = Inv (beta v), W = Inv X, X = beta k exp(G)
+    # v_new = U - W S, U = Inv (write v), W = Inv X, X = erase k exp(G)
     dW = -dot(dvn, S, trans_b=True)
-    d_inv = dot(dvn, beta * v, trans_b=True) + dot(dW, X, trans_b=True)
+    d_inv = dot(dvn, write * v, trans_b=True) + dot(dW, X, trans_b=True)
     d_bv = dot(inv, dvn, trans_a=True)
-    dv = beta * d_bv
+    dv = write * d_bv
     dX = dot(inv, dW, trans_a=True)
-    dk = dk + beta * decay * dX
+    dk = dk + erase * decay * dX
     dG = dG + X * dX
-    dbeta = row_sums(v * d_bv) + row_sums(k * decay * dX)
+    # the write side's gradient (w: per V channel) and the erase side's (b: per K channel)
+    d_write, d_erase = v * d_bv, k * decay * dX
 
-    # Inv = (I + diag(beta) A_kk)^-1:  dM = -Inv^T dInv Inv^T on the strict lower triangle
+    # Inv = (I + M)^-1:  dM = -Inv^T dInv Inv^T on the strict lower triangle
     dM = jnp.where(strict, -dot(dot(inv, d_inv, trans_a=True), inv, trans_b=True), 0.0)
-    dbeta = dbeta + row_sums(dM * A_kk)
-
-    (dxq, dxk), dyk = decayed_products_grad((dA_qk, beta * dM), (q, k), k, g)
-    dq = dq + dxq
-    dk = dk + dxk + dyk
-    dG = dG + q * dxq + k * (dxk - dyk)
+    if channel:  # GDN-2: M = A_kk built from the keys b * k
+        (dxq, dxk), dyk = decayed_products_grad((dA_qk, dM), (q, bk), k, g)
+        dq = dq + dxq
+        dk = dk + erase * dxk + dyk
+        dG = dG + q * dxq + bk * dxk - k * dyk
+        db, dw = d_erase + k * dxk, d_write
+    else:  # KDA: M = diag(beta) A_kk
+        dbeta = row_sums(d_write) + row_sums(d_erase) + row_sums(dM * A_kk)
+        (dxq, dxk), dyk = decayed_products_grad((dA_qk, erase * dM), (q, k), k, g)
+        dq = dq + dxq
+        dk = dk + dxk + dyk
+        dG = dG + q * dxq + k * (dxk - dyk)
     dG = dG + jnp.where(iota((C, 1), 0) == C - 1, dG_last, 0.0)
 
     dq_ref[...] = dq
     dk_ref[...] = dk
     dv_ref[...] = dv
     dg_ref[...] = reverse_cumsum(dG)
-    dbeta_ref[...] = dbeta
+    if channel:
+        dgate_refs[0][...] = db
+        dgate_refs[1][...] = dw
+    else:
+        dgate_refs[0][...] = dbeta
 
 
-def chunk_grads(q, k, v, g, beta, h, dh, vn, dvn, do, cfg: KernelConfig):
+def chunk_grads(q, k, v, g, gates, h, dh, vn, dvn, do, cfg: KernelConfig):
     """-> dq, dk (each value head's share: chunk.py sums a group's), dg [HV, P, K], dv [HV, P, V],
-    dbeta [HV, P, 1], all float32."""
+    then the gates' gradients: dbeta [HV, P, 1] for (beta,), db [HV, P, K], dw [HV, P, V] for
+    (b, w); all float32."""
     H, K, V, C, P = cfg.HV, cfg.K, cfg.V, cfg.C, cfg.slots
     rows = lambda d: pl.BlockSpec((None, C, d), lambda h_, c: (h_, c, 0))
     state = pl.BlockSpec((None, None, K, V), lambda h_, c: (h_, c, 0, 0))
     shape = lambda d: jax.ShapeDtypeStruct((H, P, d), F32)
+    gate_dims = _gate_dims(gates, cfg)
     return pl.pallas_call(
-        functools.partial(_chunk_grads_kernel, scale=cfg.scale),
+        functools.partial(_chunk_grads_kernel, scale=cfg.scale, n_gates=len(gates)),
         grid=(H, P // C),
-        in_specs=[_qk_rows(cfg), _qk_rows(cfg), rows(V), rows(K), rows(1), state, state, rows(V), rows(V), rows(V)],
-        out_specs=[rows(K), rows(K), rows(V), rows(K), rows(1)],
-        out_shape=[shape(K), shape(K), shape(V), shape(K), shape(1)],
+        in_specs=[_qk_rows(cfg), _qk_rows(cfg), rows(V), rows(K), *(rows(d) for d in gate_dims)]
+        + [state, state, rows(V), rows(V), rows(V)],
+        out_specs=[rows(K), rows(K), rows(V), rows(K), *(rows(d) for d in gate_dims)],
+        out_shape=[shape(K), shape(K), shape(V), shape(K), *(shape(d) for d in gate_dims)],
         compiler_params=params("parallel", "parallel"),
         interpret=interpret_mode(),
-        name="kda_chunk_grads",
-    )(q, k, v, g, beta, h, dh, vn, dvn, do)
+        name=_name(gates, "chunk_grads"),
+    )(q, k, v, g, *gates, h, dh, vn, dvn, do)

@@ -23,7 +23,15 @@ from parity.execute.backends.oracle import cached_oracle
 from parity.execute.tpu_compile import compile_for_targets
 from parity.measure import tpu_numerics
 from parity.measure.compare import bound, compare_tensor
-from parity.records import UNJUDGED, ResultRecord, base_record, result_path, worst_verdict, write_record
+from parity.records import (
+    UNJUDGED,
+    ResultRecord,
+    base_record,
+    result_path,
+    tpu_kernel_problem,
+    worst_verdict,
+    write_record,
+)
 from references import error_scales
 
 
@@ -91,6 +99,9 @@ def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> Resu
         tv = [t["verdict"] for t in rec["tensors"].values()]
         judged = [v for v in tv if v not in UNJUDGED]
         rec["verdict"] = worst_verdict(judged) if judged else "unsupported"
+        problem = tpu_kernel_problem(rec)
+        if problem:
+            rec["verdict"], rec["error"] = "error", problem
     return rec
 
 
@@ -330,6 +341,7 @@ def _run_seed(
                     old["verdict"] = t["verdict"]
                     old["localisation"] = {**t.get("localisation", {}), "seed": case.seed}
             tv = [t["verdict"] for t in rec["tensors"].values() if t["verdict"] not in UNJUDGED]
+            tv += ["error"] if tpu_kernel_problem(rec) else []
             rec["verdict"] = worst_verdict(tv) if tv else rec["verdict"]
         records[i] = write_record(result_path(Path(out_dir), spec.name, rec["case_id"]), rec)
     return wall

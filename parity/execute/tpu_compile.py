@@ -38,8 +38,15 @@ or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_pr
                            libtpu): its result is this one's (a mutant whose switch does not touch
                            the case's kernels compiles nothing new); `seconds` is then the trace
                            and lowering alone, and the numerics check is redone on this jaxpr
-A Pallas candidate whose compiled module holds no Mosaic kernel (interpret mode left on,
-seed 003) fails with that reason. `cost_analysis()` is not reported: it is not meaningful
+    pallas                 each pallas_call of the traced program and its path as the code chose it
+                           on the target's host (parity.execute.pallas_paths), and the cause when a
+                           kernel is not a Mosaic kernel
+    asked                  jax's platform questions the program asked while traced for the target,
+                           answered as the target's host (parity.execute.tpu_identity.tpu_host)
+A Pallas candidate whose compiled module holds no Mosaic kernel for every pallas_call fails, and
+its error names which of three causes: no pallas_call in the program (plain XLA, or a library's
+fallback), interpret=True (Pallas's generic interpreter), interpret=InterpretParams (TPU
+interpret mode left on, seed 003). `cost_analysis()` is not reported: it is not meaningful
 for Mosaic custom calls.
 """
 
@@ -59,7 +66,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case, input_shapes, storage_dtype
-from parity.execute import compile_log, tpu_identity
+from parity.execute import compile_log, pallas_paths, tpu_identity
 from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
 from parity.execute.mosaic_llo import (
     LloFormatError,
@@ -181,9 +188,17 @@ def _compile_program(program_and_args, target, *, context, expect_mosaic, compil
         out["device_kind"] = dev.device_kind
         program, args = program_and_args(jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
-        with context(), compile_for_tpu(), jax.default_device(dev), compile_log.for_tpu():
+        with (
+            context(),
+            compile_for_tpu(),
+            jax.default_device(dev),
+            compile_log.for_tpu(),
+            tpu_identity.tpu_host(target, [dev]) as host,
+        ):
             out["default_device"] = _default_device()
             traced = jax.jit(program).trace(*args)
+            out["pallas"] = pallas_paths.describe(pallas_paths.pallas_calls(traced.jaxpr), forced=False)
+            out["asked"] = dict(sorted(host.asked.items()))
             lowered = traced.lower()
             out["module_sha256"] = hashlib.sha256(lowered.as_text().encode()).hexdigest()
             same = (compiled or {}).get(out["module_sha256"])
@@ -218,12 +233,16 @@ def _compile_program(program_and_args, target, *, context, expect_mosaic, compil
 
 
 def _judged(out: dict, expect_mosaic: bool) -> dict:
-    """A module that compiled: ok, unless it claims to be a Pallas kernel and holds no Mosaic kernel."""
-    if expect_mosaic and not out["kernels"]:
+    """A module that compiled: ok, unless it claims to be a Pallas kernel and holds no Mosaic
+    kernel, or not for every pallas_call of its program; the error names the cause read from the
+    traced program (parity.execute.pallas_paths: no pallas_call, the generic interpreter, or TPU
+    interpret mode left on)."""
+    cause = (out.get("pallas") or {}).get("cause")
+    if expect_mosaic and (cause or not out["kernels"]):
         out["error"] = (
-            "no Mosaic kernel in the compiled TPU module: the Pallas kernel did not compile "
-            "for TPU (interpret mode left on? seed 003)"
+            f"no Mosaic kernel in the compiled TPU module for every Pallas kernel: {cause or 'unknown cause'}"
         )
+        out["error_line"] = out["error"][:300]
         out["error_op"] = None
         return out
     out["ok"] = True
@@ -271,9 +290,10 @@ def _default_device() -> str:
     """The default device jax traces and compiles for now, e.g. 'tpu:TPU v5 lite (compile-only)'
     (a topology's devices are compile-only, TPU attached or not) or 'cpu:cpu'."""
     import jax  # late: heavy (runner imports this module)
+    from jax._src import xla_bridge  # the real host's devices: jax.devices() answers as the target here
 
-    d = jax.config.jax_default_device or jax.local_devices()[0]
-    return f"{d.platform}:{d.device_kind}" + ("" if d in jax.devices() else " (compile-only)")
+    d = jax.config.jax_default_device or xla_bridge.local_devices()[0]
+    return f"{d.platform}:{d.device_kind}" + ("" if d in xla_bridge.devices() else " (compile-only)")
 
 
 def _vmem(message: str, dev, dumps) -> dict:

@@ -1,24 +1,39 @@
 """Which TPU a jax program is told it is on, on a machine without one.
 
-Pallas TPU kernels ask the TPU who it is: `pltpu.get_tpu_info()` (tpu-inference's GDN kernels
-read its num_lanes; others choose tiles by generation, VMEM capacity or core count) and
-`pltpu.is_tpu_device()`; Mosaic's own lowering asks get_tpu_info() too (jnp.sign, 1-D blocks).
-jax answers for the *default device* (jax._src.pallas.mosaic.tpu_info.get_device_kind and
-get_num_device_cores), here the CPU: `ValueError: Unsupported TPU device kind: cpu`.
+Kernel libraries ask jax where they are before they choose what to run: atomic-ops passes
+`interpret = jax.default_backend() != "tpu"` to every pallas_call, gdn2-pallas returns a pure-JAX
+reference when `jax.devices("tpu")` raises, jax's ragged_paged_attention picks its blocks from
+`jax.devices()[0].device_kind`, tpu-inference reads `pltpu.get_tpu_info()`, and Mosaic's own
+lowering asks get_tpu_info() too (jnp.sign, 1-D blocks). On this host jax answers "cpu" to all of
+them, and the harness would judge a fallback, or Pallas's generic interpreter, instead of the
+library's TPU kernels. So while a candidate's module is imported, while it runs in TPU interpret
+mode and while it is traced and lowered for a TPU target, every such question answers as the
+target TPU would (`emulated`, `tpu_host`):
 
-- Compiling for a target (parity.execute.tpu_compile): the target's compile-only device is made
-  the default device (`jax.default_device`) while tracing, lowering and compiling, so jax asks
-  the target itself; nothing is patched. `tpu_info_for(device)` is get_tpu_info() so asked.
-- TPU interpret mode (parity.execute.backends.jax_backends): a compile-only device executes
-  nothing, so it cannot be the default. `emulated(target)` answers jax's two questions with the
-  target's identity (IDENTITIES: its device kind and cores) while the candidate runs, and puts
-  them back on leaving, exception or not; jax's own code builds the TpuInfo from them, as on that
-  TPU. The target's name is also a jax user context meanwhile, so that jax's caches keyed on the
-  trace context (get_tpu_info's, jit's traces) never serve one identity's answer under another,
-  or outside. Not emulated: `jax.devices()` still lists the CPU (its device_kind is "cpu"), the
-  kernel computes as interpret mode computes, and the record's platform stays
-  `cpu:tpu-interpret`: the identity is emulated, never the TPU. Worker threads other than the
-  caller's would see the identity too while it is on (the harness runs one case at a time).
+- jax's public platform questions (`jax.default_backend()`, `jax.devices()`,
+  `jax.devices("tpu")`, `jax.local_devices()`, `jax.device_count()`, `jax.local_device_count()`)
+  answer as a host with one chip of the target: backend "tpu", one device whose platform,
+  device_kind and num_cores are the target's. In TPU interpret mode that device is an
+  `EmulatedTpuDevice` (arrays given to it by `jax.device_put` are placed on the CPU, where
+  interpret mode computes); while compiling for a target it is the target's compile-only device.
+  `jax.devices("cpu")` still lists the CPU, as on a TPU VM. jax's internals ask through
+  jax._src.xla_bridge, which is left alone: arrays are still placed and computed on the CPU.
+- jax's Pallas TPU queries (`pltpu.get_tpu_info()`, `pltpu.is_tpu_device()`, Mosaic's lowering)
+  ask the *default device* (jax._src.pallas.mosaic.tpu_info.get_device_kind and
+  get_num_device_cores): those two answer with the emulated device's kind and cores, and jax
+  builds the TpuInfo from them as on that TPU. Compiling for a target, its compile-only device is
+  also the default device (parity.execute.tpu_compile), so jax's internals agree.
+  `tpu_info_for(device)` is get_tpu_info() asked with `device` the default.
+
+Nothing leaks: the answers are installed once as wrappers of jax's functions that answer as the
+real host unless this thread is inside `emulated`/`tpu_host` (a context variable), so the
+harness's own calls and other candidates see the real host. Inside, the target's name is a jax
+user context, so that jax's caches keyed on the trace context (get_tpu_info's, jit's traces) never
+serve one identity's answer under another, or outside. The record states the emulation
+(`describe`: the identity, and which questions the candidate asked, `asked`) and its platform
+stays `cpu:tpu-interpret`: the identity is emulated, never the TPU. Not answered: a library's own
+caches of an answer it got inside (its business), questions asked from threads it starts, and
+`jax.extend.backend.get_backend()`, which returns jax's CPU client.
 
 Which target interpret mode emulates: `--tpu-interpret-as`, else the first of the run's
 `--tpu-targets`, else the first default target (v5e); the command line hands it to its spawned
@@ -27,7 +42,10 @@ workers through the environment (ENV, SOURCE_ENV: `exported`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import os
 
@@ -74,10 +92,20 @@ def exported(choice: tuple[str, str] | None):
                 os.environ[k] = v
 
 
-def describe(target: str, source: str) -> dict:
-    """The record's statement of the identity TPU interpret mode answered with."""
+def describe(target: str, source: str, asked: dict[str, int] | None = None, module: str | None = None) -> dict:
+    """The record's statement of the identity TPU interpret mode answered with; `asked`: how
+    often the candidate asked each of jax's platform questions meanwhile (`Host.asked`; a jit
+    whose trace is cached asks nothing); `module`: the candidate's module, whose import's answers
+    are stated too (`import_note`)."""
     kind, cores = IDENTITIES[target]
-    return {"emulated": target, "device_kind": kind, "num_cores": cores, "source": source}
+    out = {"emulated": target, "device_kind": kind, "num_cores": cores, "source": source}
+    out["host"] = {
+        "answers": "a host with one chip of the target: jax.default_backend() 'tpu', one TPU device",
+        "asked": dict(sorted((asked or {}).items())),
+    }
+    if module and import_note(module):
+        out["host"]["import"] = import_note(module)
+    return out
 
 
 @functools.cache
@@ -87,20 +115,150 @@ def _user_context():
     return jax.make_user_context(None)  # created once: jax adds user contexts non-thread-safely
 
 
-@contextlib.contextmanager
-def emulated(target: str):
-    """Inside: jax's Pallas TPU queries (pltpu.get_tpu_info, pltpu.is_tpu_device, Mosaic's own)
-    answer as `target` would; restored on leaving, exception or not (module docstring)."""
-    from jax._src.pallas.mosaic import tpu_info  # late: jax is heavy; the module jax asks through
+class EmulatedTpuDevice:
+    """The TPU device `jax.devices()` lists in TPU interpret mode: platform, device_kind and
+    num_cores of the target; anything else is the CPU device's, where its arrays live
+    (`jax.device_put` to it places on `cpu`)."""
 
-    kind, cores = IDENTITIES[target]
-    saved = tpu_info.get_device_kind, tpu_info.get_num_device_cores
-    with _user_context()(f"parity-tpu-identity:{target}"):
-        tpu_info.get_device_kind, tpu_info.get_num_device_cores = (lambda: kind), (lambda: cores)
-        try:
-            yield
-        finally:
-            tpu_info.get_device_kind, tpu_info.get_num_device_cores = saved
+    platform = "tpu"
+
+    def __init__(self, target: str, cpu):
+        self.target, self.cpu = target, cpu
+        self.device_kind, self.num_cores = IDENTITIES[target]
+        self.id, self.process_index, self.host_id, self.task_id, self.slice_index = 0, 0, 0, 0, 0
+        self.coords, self.core_on_chip = (0, 0, 0), 0
+
+    def __getattr__(self, name):
+        return getattr(self.cpu, name)
+
+    def __repr__(self):
+        return (
+            f"TpuDevice(id=0, process_index=0, coords=(0,0,0), core_on_chip=0) [emulated {self.target} on {self.cpu}]"
+        )
+
+
+@dataclasses.dataclass
+class Host:
+    """What jax's platform questions answer inside `tpu_host`: backend "tpu" and `devices`;
+    `asked` counts the questions asked."""
+
+    target: str
+    devices: list
+    asked: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def answers(self, backend) -> bool:
+        """Whether a question about `backend` is about the emulated TPU (None or "tpu"); "cpu"
+        is answered by the real host, as on a TPU VM."""
+        return backend is None or backend == "tpu"
+
+
+_HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("parity_tpu_host", default=None)
+PLATFORM_QUESTIONS = ("default_backend", "devices", "local_devices", "device_count", "local_device_count")
+
+
+def _answer(name: str, real):
+    """jax.<name> as the emulated host answers it inside `tpu_host`, as `real` outside."""
+
+    @functools.wraps(real)
+    def answer(*args, **kwargs):
+        host = _HOST.get()
+        if host is None:
+            return real(*args, **kwargs)
+        backend = kwargs.get("backend", args[0] if args and name != "local_devices" else None)
+        if name == "default_backend":
+            host.asked[name] += 1
+            return "tpu"
+        if not host.answers(backend):
+            return real(*args, **kwargs)
+        host.asked[name] += 1
+        return list(host.devices) if name.endswith("devices") else len(host.devices)
+
+    answer.parity_real = real
+    return answer
+
+
+def _device_put(real):
+    @functools.wraps(real)
+    def device_put(x, device=None, *args, **kwargs):
+        if isinstance(device, EmulatedTpuDevice):
+            device = device.cpu
+        return real(x, device, *args, **kwargs)
+
+    device_put.parity_real = real
+    return device_put
+
+
+def _device_answer(attribute: str, real):
+    """jax's tpu_info.get_device_kind / get_num_device_cores (what pltpu.get_tpu_info(),
+    is_tpu_device() and Mosaic's lowering ask): the emulated device's inside `tpu_host`."""
+
+    @functools.wraps(real)
+    def answer():
+        host = _HOST.get()
+        return real() if host is None else getattr(host.devices[0], attribute)
+
+    answer.parity_real = real
+    return answer
+
+
+@functools.cache
+def install() -> None:
+    """Wrap jax's public platform questions, jax.device_put and Pallas's two TPU queries once per
+    process (`_answer`, `_device_answer`); outside `tpu_host` they answer as before."""
+    import jax  # late: jax is heavy (the command line imports this module)
+    from jax._src.pallas.mosaic import tpu_info  # the module Pallas's TPU queries ask through
+
+    for name in PLATFORM_QUESTIONS:
+        setattr(jax, name, _answer(name, getattr(jax, name)))
+    jax.device_put = _device_put(jax.device_put)
+    tpu_info.get_device_kind = _device_answer("device_kind", tpu_info.get_device_kind)
+    tpu_info.get_num_device_cores = _device_answer("num_cores", tpu_info.get_num_device_cores)
+
+
+@contextlib.contextmanager
+def tpu_host(target: str, devices=None):
+    """Inside (this thread): jax's platform questions answer as a host with one chip of `target`
+    (module docstring); `devices`: what jax.devices() lists (default: an EmulatedTpuDevice).
+    Yields the Host, whose `asked` counts the questions asked. The host is a jax user context
+    meanwhile: a jit traced inside is never served outside, nor under another host."""
+    import jax  # late: jax is heavy (the command line imports this module)
+
+    install()
+    if devices is None:
+        devices = [EmulatedTpuDevice(target, jax.devices.parity_real("cpu")[0])]
+    host = Host(target, list(devices))
+    token = _HOST.set(host)
+    try:
+        with _user_context()(f"parity-tpu-host:{target}:{devices[0]!r}"):
+            yield host
+    finally:
+        _HOST.reset(token)
+
+
+_IMPORTS: dict[str, dict] = {}  # a candidate's module -> how the questions of its import were answered
+
+
+def imported(module: str, host: Host | None) -> None:
+    """Note how `module`'s import was answered: by `host` (the emulated host the harness imported it
+    on), or, with host None, by this machine (it was imported before the harness asked for it, by
+    a test file say, or no emulation applies); the first note of a module stands."""
+    if host is None:
+        _IMPORTS.setdefault(module, {"answered_by": "this machine (imported before the harness imported it)"})
+    else:
+        _IMPORTS.setdefault(module, {"answered_by": f"the emulated {host.target} host", "asked": dict(host.asked)})
+
+
+def import_note(module: str) -> dict | None:
+    """How the questions asked while `module` was imported were answered (`imported`), if noted."""
+    return _IMPORTS.get(module)
+
+
+def emulated(target: str):
+    """tpu_host(target) with an EmulatedTpuDevice: the host TPU interpret mode runs a candidate on
+    (and its module is imported on); jax's platform questions and Pallas's TPU queries
+    (pltpu.get_tpu_info, pltpu.is_tpu_device, Mosaic's own) answer as `target` would, in this
+    thread, until it is left, exception or not."""
+    return tpu_host(target)
 
 
 def tpu_info_for(device):

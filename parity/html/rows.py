@@ -17,7 +17,7 @@ from parity.measure.compute_error import MARGIN
 from parity.model.spec import REFERENCE
 from parity.records import VERDICT_ORDER
 
-TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "dh0")
+TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "db", "dw", "dh0")
 
 
 def _ordered_counts(counter: Counter) -> dict:
@@ -274,6 +274,7 @@ def summary(
                 "versions": versions.most_common(3),
                 "hosts": sorted({r.get("host", "") for r in recs}),
                 "implementations": sorted({r.get("implementation") or "" for r in recs} - {""}),
+                "pallas": Counter(filter(None, map(what_ran, recs))).most_common(),
             }
         )
     created = sorted(r.get("created", "") for recs in by_case.values() for r in recs.values())
@@ -291,6 +292,20 @@ def summary(
         "created": (created[0], created[-1]) if created else None,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S%z"),
     }
+
+
+def what_ran(rec: dict) -> str | None:
+    """One line on a jax backend's Pallas kernels (notes.pallas, parity.execute.pallas_paths): how
+    they ran and where on the emulated host, or why they are no TPU kernels; None for others."""
+    paths = (rec.get("notes") or {}).get("pallas")
+    if not paths:
+        return None
+    host = ((rec.get("notes") or {}).get("tpu_identity") or {}).get("emulated")
+    where = f" on an emulated {host} host" if host else ""
+    if paths.get("cause"):
+        return f"{'not a TPU kernel' if paths.get('required') else 'no Mosaic kernel'}: {paths['cause']}"
+    names = sorted({k["name"] for k in paths.get("kernels", [])})
+    return f"{len(names)} Mosaic kernel(s) as written, run in {paths.get('ran')}{where}"
 
 
 def case_detail(

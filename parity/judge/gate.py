@@ -49,7 +49,7 @@ from parity.judge.summary import format_compile_summary, format_summary
 from parity.measure.compare import bound, bound_localisation
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.spec import REFERENCE
-from parity.records import SCHEMA_VERSION, UNJUDGED, ByCase, worst_verdict, write_json
+from parity.records import SCHEMA_VERSION, UNJUDGED, ByCase, tpu_kernel_problem, worst_verdict, write_json
 
 # load, load_compiles, format_summary, format_compile_summary: imported from here by the surfaces
 __all__ = [
@@ -265,6 +265,12 @@ def evaluate(
                 elif verdict != "pass":
                     failures.append(_failure_line(case_id, cname, name, ct, rt, t, cand))
             entry["verdict"] = worst_verdict(v["verdict"] for v in entry["tensors"].values())
+            problem = tpu_kernel_problem(cand)
+            if problem:  # never passed, whatever its tensors
+                entry.update(verdict="error", error=problem)
+                failures.append(
+                    {"case_id": case_id, "candidate": cname, "tensor": None, "verdict": "error", "detail": problem}
+                )
             free = [
                 n
                 for n, v in entry["tensors"].items()

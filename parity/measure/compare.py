@@ -37,7 +37,7 @@ import numpy as np
 from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
-TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta")  # [B, T, H, ...]
+TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta", "db", "dw")  # [B, T, H, ...]
 N_WORST = 5
 
 

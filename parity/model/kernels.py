@@ -15,6 +15,7 @@ PALLAS_KERNELS = {
         "gla": ("kernels_jax.gla", "chunk_gla"),
         "kda": ("kernels_jax.kda", "chunk_kda"),
         "gdn": ("kernels_jax.gdn", "chunk_gdn"),
+        "gdn2": ("kernels_jax.gdn2", "chunk_gdn2"),
     },
     "pallas-fused": {"simple_gla": ("kernels_jax.simple_gla", "fused_chunk_simple_gla")},
 }

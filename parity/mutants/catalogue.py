@@ -161,9 +161,9 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "pallas",
         seed="003",
         switch="interpret_left_on",
-        tpu_only=True,
-        what="interpret mode hard-coded on: right numbers on CPU, and the TPU module holds no Mosaic kernel "
-        "(host callbacks instead); only the TPU compile check sees it",
+        what="interpret mode hard-coded on: right numbers on CPU, but the kernels' pallas_calls ask for TPU "
+        "interpret mode themselves (what ran, parity.execute.pallas_paths) and the TPU module holds no Mosaic "
+        "kernel (host callbacks instead)",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
     ),
     Mutant(

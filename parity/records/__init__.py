@@ -32,6 +32,7 @@ from parity.records.schema import (
     ResultRecord,
     TensorMetrics,
     compile_verdict,
+    tpu_kernel_problem,
     worst_verdict,
 )
 from parity.records.store import (
@@ -74,6 +75,7 @@ __all__ = [
     "read_json",
     "repro_command",
     "result_path",
+    "tpu_kernel_problem",
     "worst_verdict",
     "write_json",
     "write_record",

@@ -125,6 +125,17 @@ def worst_verdict(verdicts) -> str:
     return min(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
 
 
+def tpu_kernel_problem(rec: dict) -> str | None:
+    """Why a candidate that is a Pallas TPU kernel (`pallas:` candidates, kernels_jax and its
+    mutants: notes.pallas.required) did not run as one: its program had no pallas_call, or one
+    that is no Mosaic kernel (notes.pallas.cause, parity.execute.pallas_paths); None otherwise.
+    Such a result is never passed."""
+    paths = (rec.get("notes") or {}).get("pallas") or {}
+    if paths.get("required") and paths.get("cause"):
+        return f"not run as a TPU kernel: {paths['cause']}"
+    return None
+
+
 def compile_verdict(results: dict) -> str:
     """compile-error when any target failed; numerics-mismatch when the compiled module's
     matmuls disagree with the numerics model (or could not be read); pass otherwise."""

@@ -19,6 +19,7 @@ from parity.execute.backends.noise import NoiseBackend
 from parity.execute.backends.oracle import OracleBackend
 from parity.execute.backends.torch_candidate import TorchCandidate
 from parity.execute.proc import call_in_child
+from parity.model.host import tpu_attached
 from parity.model.spec import (
     BUILTIN,
     FRAMEWORKS,
@@ -47,13 +48,16 @@ def parse_candidate(text: str) -> tuple[str, str, str, str]:
 
 def load_candidate_function(spec: BackendSpec | str):
     """The candidate's function, imported (from the working directory too); SpecError naming
-    the spec when its module cannot be imported or has no such function."""
+    the spec when its module cannot be imported or has no such function. A jax candidate's
+    module is imported on the emulated TPU host (parity.execute.tpu_identity, where no TPU is
+    attached): a library that fixes its path at import (a config's default built from
+    `jax.default_backend()`) fixes the TPU's."""
     spec = as_spec(spec)
     module, func = spec.module_function()
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        mod = importlib.import_module(module)
+        mod = _import_on_the_tpu_host(spec, module)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
         raise SpecError(
             f"--candidate {spec.text!r}: cannot import module {module!r}: {type(e).__name__}: {e}"
@@ -62,6 +66,24 @@ def load_candidate_function(spec: BackendSpec | str):
     if not callable(fn):
         raise SpecError(f"--candidate {spec.text!r}: module {module!r} has no function {func!r}")
     return fn
+
+
+def _import_on_the_tpu_host(spec: BackendSpec, module: str):
+    """The candidate's module, imported on the emulated TPU host (the target TPU interpret mode
+    emulates) for a jax or pallas candidate where no TPU is attached, noting how its import's
+    questions were answered (tpu_identity.imported: a module imported before, by a test file
+    say, was answered by this machine); plainly otherwise."""
+    if spec.framework not in ("jax", "pallas") or tpu_attached():
+        return importlib.import_module(module)
+    from parity.execute import tpu_identity
+
+    if module in sys.modules:
+        tpu_identity.imported(module, None)
+        return sys.modules[module]
+    with tpu_identity.emulated(tpu_identity.interpret_target()[0]) as host:
+        mod = importlib.import_module(module)
+    tpu_identity.imported(module, host)
+    return mod
 
 
 def backend_name(spec: BackendSpec | str) -> str:

@@ -2,7 +2,7 @@
 
 A backend takes a `Case` and its inputs (numpy arrays from `cases.inputs.make_inputs`)
 and returns every output and gradient the case asks for (`case.output_names()`:
-o, ht, dq, dk, dv, dg or dg_gamma, dbeta, dh0) as numpy arrays, plus where it really
+o, ht, dq, dk, dv, dg or dg_gamma, dbeta or db and dw, dh0) as numpy arrays, plus where it really
 ran. `execute` wraps a backend call so that any failure becomes a record.
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from cases import Case
 from parity.execute.stack_room import call_with_stack_room
+from parity.measure.tol import output_dtype
 from parity.model.spec import KernelCall, Unsupported
 
 
@@ -83,10 +84,17 @@ class CompileSubject:
 
 
 def check_tensors(
-    case: Case, inputs: dict[str, np.ndarray], tensors: dict[str, Any], unsupported: dict[str, str] | None = None
+    case: Case,
+    inputs: dict[str, np.ndarray],
+    tensors: dict[str, Any],
+    unsupported: dict[str, str] | None = None,
+    exact_dtypes: bool = True,
 ) -> dict[str, np.ndarray]:
     """Every expected tensor present (or named in `unsupported` with a reason), with the
-    shape of the tensor it belongs to."""
+    shape of the tensor it belongs to and, from a kernel (`exact_dtypes`), in the case's output
+    dtype (parity.measure.tol.output_dtype: o and the gradients of q, k, v and w in the case
+    dtype, states and gate gradients float32, FLA's convention): an o left in float32 on a
+    bfloat16 case would escape the output rounding the bound takes out of both sides."""
     unsupported = unsupported or {}
     expected = {
         "o": (case.B, case.T, case.value_heads, case.V),
@@ -97,6 +105,8 @@ def check_tensors(
         "dg": inputs["g"].shape if "g" in inputs else None,
         "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
         "dbeta": inputs["beta"].shape if "beta" in inputs else None,
+        "db": inputs["b"].shape if "b" in inputs else None,
+        "dw": inputs["w"].shape if "w" in inputs else None,
         "dh0": (case.N, case.value_heads, case.K, case.V),
     }
     out = {}
@@ -110,6 +120,10 @@ def check_tensors(
             raise ValueError(f"{name!r} has shape {arr.shape}, expected {tuple(expected[name])}")
         if arr.dtype.kind not in "fV" and arr.dtype.name != "bfloat16":
             raise ValueError(f"{name!r} has dtype {arr.dtype}, expected a floating dtype")
+        if exact_dtypes and arr.dtype.name != output_dtype(case, name):
+            raise ValueError(
+                f"{name!r} has dtype {arr.dtype.name}, expected {output_dtype(case, name)} (the case's output dtype)"
+            )
         out[name] = arr
     return out
 
@@ -121,7 +135,7 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
     try:
         ex = call_with_stack_room(backend.run, case, inputs)  # as fast at any caller's depth
         absent = {**ex.notes.get("unsupported_tensors", {}), **ex.notes.get("not_judged", {})}
-        tensors = check_tensors(case, inputs, ex.tensors, absent)
+        tensors = check_tensors(case, inputs, ex.tensors, absent, exact_dtypes=backend.side != "oracle")
     except Unsupported as e:
         return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a failing case must never stop the run

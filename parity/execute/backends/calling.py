@@ -4,7 +4,8 @@
                    output_final_state=False, cu_seqlens=None[, chunk_size=])
     gla:        fn(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
     kda, gdn:   fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
-                (v, g, beta and the states with HV value heads: case.value_heads)
+    gdn2:       fn(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
+                (v, g, beta or b, w and the states with HV value heads: case.value_heads)
 returning (o, final_state). `chunk_size=` is passed when the function accepts it.
 A candidate says what it does not support, recorded as `unsupported` with the reason (not an
 error, so the gate does not fail it): it raises `NotImplementedError("reason")` (one that jax
@@ -40,12 +41,14 @@ GRAD_NAMES = {
     "g": "dg",
     "g_gamma": "dg_gamma",
     "beta": "dbeta",
+    "b": "db",
+    "w": "dw",
     "initial_state": "dh0",
 }
 
 
 def differentiable_inputs(case: Case, inputs: dict[str, np.ndarray]) -> list[str]:
-    names = ["q", "k", "v", case.gate_name] + (["beta"] if case.has_beta else [])
+    names = ["q", "k", "v", case.gate_name, *case.delta_gates]
     return names + (["initial_state"] if "initial_state" in inputs else [])
 
 
@@ -133,7 +136,7 @@ def static_kwargs(case: Case, fn: Callable, cu_seqlens=None) -> dict:
 
 
 def _call_by_name(fn, diff: dict, kw: dict):
-    """fn(q, k, v, <gate>, [beta], ..., initial_state=...) with the gate passed by keyword."""
+    """fn(q, k, v, <gate>, [beta | b, w], ..., initial_state=...) with the gates passed by keyword."""
     args = {**diff, **kw}
     return fn(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 

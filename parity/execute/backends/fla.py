@@ -4,8 +4,12 @@
     gla:        fla.ops.gla.chunk_gla              (chunk size fixed by FLA: 64)
     kda:        fla.ops.kda.chunk_kda              (chunk size 32 or 64; 64 for other cases)
     gdn:        fla.ops.gated_delta_rule.chunk_gated_delta_rule  (chunk size 16, 32 or 64; 64 for 128)
+    gdn2:       fla.ops.gdn2.chunk_gdn2            (chunk size fixed by FLA 0.6.0: 64)
 kda and gdn take grouped value heads as they are (v, g, beta, states with HV = G * H heads:
-FLA's GVA, value head j reads q, k head j // G).
+FLA's GVA, value head j reads q, k head j // G). chunk_gdn2 takes neither grouped value heads nor
+K > 256 (it asserts v [B, T, H, V] and K <= 256): those cases are unsupported (`fla_limits`). Its
+backward multiplies w * v in a dot with a tensor of v's dtype, which needs w in v's dtype: the
+registry stores w in the case dtype (cases.inputs), the same bytes for every backend.
 Backward through torch autograd with cotangents do and dht. With no CUDA device the kernels
 run under the Triton interpreter (see triton_interpreter.py), recorded as
 'cpu:triton-interpreter'; FLA must then be imported after `triton_interpreter.request()`.
@@ -25,7 +29,7 @@ from cases import Case
 from parity.execute.backends import triton_interpreter
 from parity.execute.backends.base import Execution
 from parity.execute.backends.calling import GRAD_NAMES, run_torch
-from parity.model.spec import REFERENCE, KernelCall
+from parity.model.spec import REFERENCE, KernelCall, Unsupported
 
 # op -> (module, function)
 FLA_KERNELS = {
@@ -33,9 +37,23 @@ FLA_KERNELS = {
     "gla": ("fla.ops.gla", "chunk_gla"),
     "kda": ("fla.ops.kda", "chunk_kda"),
     "gdn": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "gdn2": ("fla.ops.gdn2", "chunk_gdn2"),
 }
 # the chunk sizes FLA's kernel takes, where it takes one (chunk_gla: none, its fixed 64)
-FLA_CHUNKS = {"simple_gla": (16, 32, 64, 128), "kda": (32, 64), "gdn": (16, 32, 64)}
+FLA_CHUNKS = {"simple_gla": (16, 32, 64, 128), "kda": (32, 64), "gdn": (16, 32, 64), "gdn2": (64,)}
+GDN2_MAX_K = 256  # chunk_gdn2 asserts K <= 256
+
+
+def fla_limits(case: Case) -> str | None:
+    """Why FLA's kernel cannot run `case` (FLA 0.6.0's asserts), or None."""
+    if case.op == "gdn2" and case.HV is not None:
+        return (
+            f"chunk_gdn2 (FLA 0.6.0) has no grouped value heads: v must have H={case.H} heads, "
+            f"the case has HV={case.HV}"
+        )
+    if case.op == "gdn2" and case.K > GDN2_MAX_K:
+        return f"chunk_gdn2 (FLA 0.6.0) supports key head dims K <= {GDN2_MAX_K}, the case has K={case.K}"
+    return None
 
 
 def fla_chunk_size(case: Case) -> int:
@@ -93,7 +111,11 @@ class FlaBackend:
 
     @staticmethod
     def kernel_call(case: Case) -> KernelCall:
-        """FLA's kernel for the case and the chunk_size passed to it (chunk_gla takes none)."""
+        """FLA's kernel for the case and the chunk_size passed to it (chunk_gla takes none);
+        Unsupported where FLA has no kernel for the case's shapes (`fla_limits`)."""
+        reason = fla_limits(case)
+        if reason:
+            raise Unsupported(reason)
         module, function = FLA_KERNELS[case.op]
         return KernelCall(
             "torch", module, function, None if case.op == "gla" else fla_chunk_size(case), cu_seqlens_int64=True
@@ -102,10 +124,10 @@ class FlaBackend:
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
 
+        how = self.kernel_call(case)  # Unsupported first: nothing imported for a case FLA cannot run
         cuda = _cuda()
         fla_fn = _kernel(case, cuda)
         chunk = fla_chunk_size(case)
-        how = self.kernel_call(case)
         extra = {} if how.chunk_size is None else {"chunk_size": how.chunk_size}
 
         def call(
@@ -115,6 +137,8 @@ class FlaBackend:
             g=None,
             g_gamma=None,
             beta=None,
+            b=None,
+            w=None,
             scale=None,
             initial_state=None,
             output_final_state=False,
@@ -123,6 +147,8 @@ class FlaBackend:
             gates = {"g": g} if case.op != "simple_gla" or g is not None else {"g_gamma": g_gamma}
             if beta is not None:
                 gates["beta"] = beta
+            if b is not None:
+                gates["b"], gates["w"] = b, w
             if cu_seqlens is not None and how.cu_seqlens_int64:
                 cu_seqlens = cu_seqlens.long()
             return fla_fn(

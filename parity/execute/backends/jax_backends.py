@@ -1,10 +1,12 @@
 """Backends that call jax functions: the built-in Pallas kernels and users' jax candidates.
 
-Both run on a TPU when one is present; elsewhere inside TPU interpret mode
-(`pltpu.force_tpu_interpret_mode()` for users' kernels; kernels_jax's choose it themselves,
-kernels_jax.common.platform.interpret_mode), so third-party Pallas TPU kernels run unchanged on
-CPU, with jax's TPU queries (`pltpu.get_tpu_info()`, ...) answering as one TPU generation would
-(parity.execute.tpu_identity), stated in the record's `notes.tpu_identity`, and compiled by
+Both run on a TPU when one is present; elsewhere in TPU interpret mode
+(`pltpu.force_tpu_interpret_mode()`) on an emulated TPU host: jax's platform questions
+(`jax.default_backend()`, `jax.devices()`, ...) and its Pallas TPU queries (`pltpu.get_tpu_info()`,
+...) answer as one TPU generation would (parity.execute.tpu_identity), so that a library takes
+the path it takes on a TPU, stated in the record's `notes.tpu_identity`; what ran is read from the
+program's jaxpr (parity.execute.pallas_paths: each pallas_call's path as the code chose it on that
+host, or no pallas_call at all), stated in `notes.pallas`. Interpret-mode programs are compiled by
 XLA:CPU with most optimisations off and its elemental emitter (parity.execute.compile_log: about a
 quarter of the compile time at XLA's defaults), stated in `notes.interpret_compile`; the
 interpreter's own callbacks get numpy arrays without a round trip through jax Arrays
@@ -18,15 +20,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cases import Case
-from parity.execute import compile_log, interpret_callbacks, tpu_identity
+from cases import Case, input_shapes, storage_dtype
+from parity.execute import compile_log, interpret_callbacks, pallas_paths, tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import (
     accepts,
     candidate_declines,
     check_candidate_supports,
+    cotangent_names,
+    differentiable_inputs,
     forward_case,
     forward_only,
+    jax_program,
     run_jax,
 )
 from parity.measure import tpu_numerics
@@ -56,31 +61,79 @@ def _numerics() -> str:
 
 
 @contextlib.contextmanager
-def _interpreting(force: bool):
-    """Around a jax kernel's call: nothing on a TPU; elsewhere TPU interpret mode (forced when
-    `force`: a user's kernel) with the emulated TPU identity (parity.execute.tpu_identity) and
-    XLA:CPU's optimisations off (parity.execute.compile_log), all left on the way out. Yields the
-    record's notes: {} on a TPU, else the identity, the compile effort and the numerics model's
-    decision of which dots ran on the vector unit, and from what (tpu_numerics.decision:
-    {"tpu_identity": ..., "interpret_compile": ..., "tpu_numerics": ...})."""
-    if _tpu_present():
-        yield {}
+def _on_the_tpu_host(emulate: bool, module: str | None = None):
+    """Around a jax kernel's call: nothing on a TPU (`emulate` False); elsewhere the emulated TPU host
+    (parity.execute.tpu_identity: jax's platform questions and Pallas's TPU queries answer as the
+    target) and XLA:CPU's optimisations off (parity.execute.compile_log), all left on the way
+    out. Yields a function of no argument that gives the record's notes: {} on a TPU, else the
+    identity and the questions the candidate asked (and while its `module` was imported), the
+    compile effort and the numerics model's decision of which dots ran on the vector unit, and
+    from what (tpu_numerics.decision)."""
+    if not emulate:
+        yield dict
         return
-    from jax.experimental.pallas import tpu as pltpu  # late: jax is heavy
-
     target, source = tpu_identity.interpret_target()
     compile_log.install()
     interpret_callbacks.install()
-    with (
-        pltpu.force_tpu_interpret_mode() if force else contextlib.nullcontext(),
-        tpu_identity.emulated(target),
-        compile_log.optimisation(disabled=True),
-    ):
-        yield {
-            "tpu_identity": tpu_identity.describe(target, source),
+    with tpu_identity.emulated(target) as host, compile_log.optimisation(disabled=True):
+        yield lambda: {
+            "tpu_identity": tpu_identity.describe(target, source, host.asked, module),
             "interpret_compile": compile_log.interpret_effort(),
             "tpu_numerics": tpu_numerics.decision(),
         }
+
+
+def _tpu_interpret_mode(forced: bool):
+    """Every pallas_call in TPU interpret mode when `forced` (no TPU attached)."""
+    if not forced:
+        return contextlib.nullcontext()
+    from jax.experimental.pallas import tpu as pltpu  # late: jax is heavy
+
+    return pltpu.force_tpu_interpret_mode()
+
+
+_PATHS: dict[tuple, list] = {}  # (implementation, fn, case without its seed, target) -> pallas_paths.traced
+
+
+def _pallas_paths(fn: Callable, case: Case, implementation: str) -> list[tuple[str, str]]:
+    """pallas_paths.traced of the case's program through fn, traced as the kernel's code runs on
+    the emulated TPU host (the caller's context) but without forced interpret mode, so that each
+    pallas_call's `interpret` is the code's own; once per shape in a process (a further seed of
+    a case traces the same program)."""
+    import jax  # late: jax is heavy
+
+    key = (implementation, fn, case.replace(seed=0), tpu_identity.interpret_target()[0])
+    if key not in _PATHS:
+        shapes = input_shapes(case)
+        struct = lambda n: jax.ShapeDtypeStruct(shapes[n], storage_dtype(case, n))  # noqa: E731
+        diff = {n: struct(n) for n in differentiable_inputs(case, shapes)}
+        cot = tuple(struct(n) for n in cotangent_names(case))
+        _PATHS[key] = pallas_paths.traced(jax_program(fn, case), diff, cot)
+    return _PATHS[key]
+
+
+def run_on_the_tpu_host(
+    fn: Callable,
+    case: Case,
+    inputs: dict[str, np.ndarray],
+    implementation: str,
+    tpu_kernels: bool,
+    module: str | None = None,
+):
+    """(tensors, seconds, notes) of fn on the case in TPU interpret mode on the emulated TPU host
+    (on a TPU: compiled by Mosaic); notes as _on_the_tpu_host's, and "pallas": what ran
+    (pallas_paths.describe), with "required": `tpu_kernels` (fn claims to be Pallas TPU kernels:
+    a result whose program is not is never passed, parity.records.tpu_kernel_problem); `module`:
+    a user's candidate's module (how its import's questions were answered is stated too)."""
+    forced = not _tpu_present()  # asked here: inside the emulation jax answers "tpu"
+    with _on_the_tpu_host(forced, module) as notes:
+        with _tpu_interpret_mode(forced):
+            tensors, seconds = run_jax(fn, case, inputs)
+        try:
+            paths = pallas_paths.describe(_pallas_paths(fn, case, implementation), forced=forced)
+        except Exception as e:  # noqa: BLE001 - fail closed: what ran is unknown
+            paths = {"kernels": [], "ran": "unknown", "cause": f"what ran could not be read: {type(e).__name__}: {e}"}
+        return tensors, seconds, {**notes(), "pallas": {**paths, "required": tpu_kernels}}
 
 
 def _versions() -> dict[str, str]:
@@ -131,8 +184,7 @@ class PallasBackend:
     ) -> Execution:
         """Call a kernels_jax kernel (or a variant of one) and record where it ran."""
         numerics = _numerics()
-        with _interpreting(force=False) as identity:
-            tensors, seconds = run_jax(fn, case, inputs)
+        tensors, seconds, ran = run_on_the_tpu_host(fn, case, inputs, implementation, tpu_kernels=True)
         return Execution(
             tensors=tensors,
             platform=_platform(),
@@ -140,7 +192,7 @@ class PallasBackend:
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
-            notes={**identity, **(notes or {})},
+            notes={**ran, **(notes or {})},
         )
 
 
@@ -159,8 +211,15 @@ class JaxCandidate:
         check_candidate_supports(self.fn, case)
         run_as, not_judged = forward_case(self.fn, case)
         numerics = _numerics()
-        with _interpreting(force=True) as identity, candidate_declines():
-            tensors, seconds = run_jax(self.fn, run_as, inputs)
+        with candidate_declines():
+            tensors, seconds, ran = run_on_the_tpu_host(
+                self.fn,
+                run_as,
+                inputs,
+                self.spec,
+                tpu_kernels=self.framework == "pallas",
+                module=parse_backend_spec(self.spec).module_function()[0],
+            )
         return Execution(
             tensors=tensors,
             platform=_platform(),
@@ -168,7 +227,7 @@ class JaxCandidate:
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
-            notes={**identity, **({"not_judged": not_judged} if not_judged else {})},
+            notes={**ran, **({"not_judged": not_judged} if not_judged else {})},
         )
 
     def kernel_call(self, case: Case) -> KernelCall:
