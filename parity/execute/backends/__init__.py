@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 
+from parity.execute import tpu_identity
 from parity.execute.backends.base import Backend, BackendResult, CompileSubject, Execution, execute
 
 # every backend module is light at import: jax, torch, triton and fla load when a backend runs
@@ -75,8 +76,6 @@ def _import_on_the_tpu_host(spec: BackendSpec, module: str):
     say, was answered by this machine); plainly otherwise."""
     if spec.framework not in ("jax", "pallas") or tpu_attached():
         return importlib.import_module(module)
-    from parity.execute import tpu_identity
-
     if module in sys.modules:
         tpu_identity.imported(module, None)
         return sys.modules[module]
