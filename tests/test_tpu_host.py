@@ -20,6 +20,7 @@ from parity.cli import main
 from parity.execute import pallas_paths, tpu_compile, tpu_identity
 from parity.execute.backends import load_candidate_function
 from parity.execute.backends.jax_backends import JaxCandidate
+from parity.html import build_report
 from tests.helpers import requires_libtpu
 
 CASE = Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig-ht")
@@ -163,10 +164,12 @@ def test_parity_run_compiles_the_choosers_and_names_why_the_others_are_no_tpu_ke
     assert "interpret=True" in comp["interpret_true"]["error"] and "(ones)" in comp["interpret_true"]["error"]
     assert rec["xla_only"]["verdict"] == "error" and "no pallas_call" in rec["xla_only"]["error"]
     assert not comp["xla_only"]["ok"] and "no pallas_call" in comp["xla_only"]["error"]
-    gate = json.loads((tmp_path / "gate.json").read_text()) if (tmp_path / "gate.json").exists() else None
-    if gate is not None:
-        failing = {f["candidate"] for f in gate["failures"]}
-        assert failing == {"interpret_true", "xla_only"}, gate["failures"]
+    failing = {f["candidate"] for f in json.loads((tmp_path / "gate.json").read_text())["failures"]}
+    assert failing == {"interpret_true", "xla_only"}
+    # the page's "Where each backend ran" says the same, per backend
+    where = {w["backend"]: dict(w["pallas"]) for w in build_report([tmp_path])["summary"]["where"]}
+    assert where["falls_back"] == {"Mosaic kernels as written, run in TPU interpret mode on an emulated v5e host": 1}
+    assert list(where["xla_only"]) == ["not a TPU kernel: " + pallas_paths.WHY[None]] and where["fla"] == {}
 
 
 def test_without_tpu_targets_a_pallas_candidate_that_ran_no_tpu_kernel_is_not_passed(tmp_path):

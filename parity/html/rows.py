@@ -304,8 +304,10 @@ def what_ran(rec: dict) -> str | None:
     where = f" on an emulated {host} host" if host else ""
     if paths.get("cause"):
         return f"{'not a TPU kernel' if paths.get('required') else 'no Mosaic kernel'}: {paths['cause']}"
-    names = sorted({k["name"] for k in paths.get("kernels", [])})
-    return f"{len(names)} Mosaic kernel(s) as written, run in {paths.get('ran')}{where}"
+    ran = {"tpu-interpret": "TPU interpret mode", "as written": "Mosaic on the TPU"}.get(
+        paths.get("ran"), paths.get("ran")
+    )
+    return f"Mosaic kernels as written, run in {ran}{where}"
 
 
 def case_detail(
