@@ -197,6 +197,6 @@ def test_jaxs_ragged_paged_attention_chooses_its_blocks_as_on_the_target():
         tuned_block_sizes.get_tuned_block_sizes(*shape)
     chosen = {}
     for target in ("v5e", "v6e"):
-        with tpu_identity.emulated(target):
+        with tpu_identity.tpu_host(target):
             chosen[target] = tuned_block_sizes.get_tuned_block_sizes(*shape)
     assert chosen == {"v5e": (8, 32), "v6e": (4, 32)}

@@ -46,7 +46,7 @@ def test_the_emulated_identity_is_the_topology_device_and_jax_builds_the_same_tp
 
     dev = device(target)
     assert tpu_identity.IDENTITIES[target] == (dev.device_kind, dev.num_cores)
-    with tpu_identity.emulated(target):
+    with tpu_identity.tpu_host(target):
         emulated = pltpu.get_tpu_info()
     assert emulated == tpu_identity.tpu_info_for(dev)
     _cpu_answers()
@@ -54,20 +54,20 @@ def test_the_emulated_identity_is_the_topology_device_and_jax_builds_the_same_tp
 
 def test_emulated_answers_as_the_target_inside_only_and_restores_on_an_exception():
     _cpu_answers()
-    with tpu_identity.emulated("v5e"):
+    with tpu_identity.tpu_host("v5e"):
         info = pltpu.get_tpu_info()
         assert info.chip_version == pltpu.ChipVersion.TPU_V5E and pltpu.is_tpu_device()
         assert info.vmem_capacity_bytes == pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V5E, 1).vmem_capacity_bytes
-        with tpu_identity.emulated("tpu7x"):  # jax's cache never serves v5e's answer here
+        with tpu_identity.tpu_host("tpu7x"):  # jax's cache never serves v5e's answer here
             assert pltpu.get_tpu_info().chip_version == pltpu.ChipVersion.TPU_7X
         assert pltpu.get_tpu_info().chip_version == pltpu.ChipVersion.TPU_V5E
     _cpu_answers()  # nor v5e's outside
-    with pytest.raises(RuntimeError, match="kernel failed"), tpu_identity.emulated("v6e"):
+    with pytest.raises(RuntimeError, match="kernel failed"), tpu_identity.tpu_host("v6e"):
         assert pltpu.get_tpu_info().mxu_column_size == 256
         raise RuntimeError("kernel failed")
     _cpu_answers()
     in_a_thread = []
-    with tpu_identity.emulated("v6e"):  # per thread: a thread of its own asks this machine
+    with tpu_identity.tpu_host("v6e"):  # per thread: a thread of its own asks this machine
         t = threading.Thread(target=lambda: in_a_thread.append(tpu_info.get_device_kind()))
         t.start()
         t.join()

@@ -96,13 +96,18 @@ def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> Resu
         rec["verdict"] = "pass"
     else:
         rec["tensors"] = _tensor_records(case, result, oracle, scales or {}, input_hash)
-        tv = [t["verdict"] for t in rec["tensors"].values()]
-        judged = [v for v in tv if v not in UNJUDGED]
-        rec["verdict"] = worst_verdict(judged) if judged else "unsupported"
-        problem = tpu_kernel_problem(rec)
-        if problem:
-            rec["verdict"], rec["error"] = "error", problem
+        rec["verdict"] = _verdict(rec, "unsupported")
+        rec["error"] = tpu_kernel_problem(rec) or rec["error"]
     return rec
+
+
+def _verdict(rec: dict, none_judged: str) -> str:
+    """A candidate or reference record's verdict: the worst of its judged tensors', and error for a
+    Pallas candidate that did not run as a TPU kernel (tpu_kernel_problem); `none_judged` when
+    neither applies."""
+    verdicts = [t["verdict"] for t in rec["tensors"].values() if t["verdict"] not in UNJUDGED]
+    verdicts += ["error"] if tpu_kernel_problem(rec) else []
+    return worst_verdict(verdicts) if verdicts else none_judged
 
 
 def _summary_line(rec: dict) -> dict:
@@ -340,8 +345,6 @@ def _run_seed(
                 if t["verdict"] != "pass" and old["verdict"] == "pass":  # a later seed's tolerance or NaN
                     old["verdict"] = t["verdict"]
                     old["localisation"] = {**t.get("localisation", {}), "seed": case.seed}
-            tv = [t["verdict"] for t in rec["tensors"].values() if t["verdict"] not in UNJUDGED]
-            tv += ["error"] if tpu_kernel_problem(rec) else []
-            rec["verdict"] = worst_verdict(tv) if tv else rec["verdict"]
+            rec["verdict"] = _verdict(rec, rec["verdict"])
         records[i] = write_record(result_path(Path(out_dir), spec.name, rec["case_id"]), rec)
     return wall

@@ -10,8 +10,8 @@ inside parity.execute.tpu_identity's emulation, before the harness forces TPU in
                                  scan over the grid), on a TPU too
 and a program with no pallas_call at all runs plain XLA: no Pallas kernel, or a fallback the
 library chose. Only "mosaic" is a TPU kernel: a `pallas:` candidate (or kernels_jax) whose program
-has anything else is never passed (`problem`), and the compile check names the same cause when
-the compiled TPU module holds no Mosaic kernel.
+has anything else is never passed (`cause`, parity.records.tpu_kernel_problem), and the compile
+check names the same cause when the compiled TPU module holds no Mosaic kernel.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MOSAIC, TPU_INTERPRET, GENERIC = "mosaic", "tpu-interpret", "generic-interpreter"
-PATHS = (MOSAIC, TPU_INTERPRET, GENERIC)
 
 WHY = {
     None: "no Pallas kernel in the traced program (no pallas_call: plain XLA, or a fallback the library chose)",

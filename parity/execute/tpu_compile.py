@@ -65,9 +65,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cases import Case, input_shapes, storage_dtype
+from cases import Case
 from parity.execute import compile_log, pallas_paths, tpu_identity
-from parity.execute.backends.calling import cotangent_names, differentiable_inputs, jax_program
+from parity.execute.backends.calling import program_structs
 from parity.execute.mosaic_llo import (
     LloFormatError,
     is_vmem_error,
@@ -124,17 +124,6 @@ def device(target: str):
 
 
 # ------------------------------------------------------------------ the program
-def program_structs(case: Case, fn: Callable, sharding):
-    """(program, diff structs, cotangent structs) for fn on this case."""
-    import jax  # late: heavy (runner imports this module)
-
-    shapes = input_shapes(case)
-    struct = lambda n: jax.ShapeDtypeStruct(shapes[n], storage_dtype(case, n), sharding=sharding)
-    diff = {n: struct(n) for n in differentiable_inputs(case, shapes)}
-    cot = tuple(struct(n) for n in cotangent_names(case))
-    return jax_program(fn, case), diff, cot
-
-
 def compile_case(
     fn: Callable,
     case: Case,

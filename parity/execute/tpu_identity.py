@@ -8,7 +8,7 @@ lowering asks get_tpu_info() too (jnp.sign, 1-D blocks). On this host jax answer
 them, and the harness would judge a fallback, or Pallas's generic interpreter, instead of the
 library's TPU kernels. So while a candidate's module is imported, while it runs in TPU interpret
 mode and while it is traced and lowered for a TPU target, every such question answers as the
-target TPU would (`emulated`, `tpu_host`):
+target TPU would (`tpu_host`):
 
 - jax's public platform questions (`jax.default_backend()`, `jax.devices()`,
   `jax.devices("tpu")`, `jax.local_devices()`, `jax.device_count()`, `jax.local_device_count()`)
@@ -26,7 +26,7 @@ target TPU would (`emulated`, `tpu_host`):
   `tpu_info_for(device)` is get_tpu_info() asked with `device` the default.
 
 Nothing leaks: the answers are installed once as wrappers of jax's functions that answer as the
-real host unless this thread is inside `emulated`/`tpu_host` (a context variable), so the
+real host unless this thread is inside `tpu_host` (a context variable), so the
 harness's own calls and other candidates see the real host. Inside, the target's name is a jax
 user context, so that jax's caches keyed on the trace context (get_tpu_info's, jit's traces) never
 serve one identity's answer under another, or outside. The record states the emulation
@@ -217,8 +217,10 @@ def install() -> None:
 
 @contextlib.contextmanager
 def tpu_host(target: str, devices=None):
-    """Inside (this thread): jax's platform questions answer as a host with one chip of `target`
-    (module docstring); `devices`: what jax.devices() lists (default: an EmulatedTpuDevice).
+    """Inside (this thread, until it is left, exception or not): jax's platform questions and
+    Pallas's TPU queries answer as a host with one chip of `target` (module docstring); `devices`:
+    what jax.devices() lists (default: an EmulatedTpuDevice, the host TPU interpret mode runs a
+    candidate and imports its module on; compiling, the target's compile-only device).
     Yields the Host, whose `asked` counts the questions asked. The host is a jax user context
     meanwhile: a jit traced inside is never served outside, nor under another host."""
     import jax  # late: jax is heavy (the command line imports this module)
@@ -241,7 +243,7 @@ _IMPORTS: dict[str, dict] = {}  # a candidate's module -> how the questions of i
 def imported(module: str, host: Host | None) -> None:
     """Note how `module`'s import was answered: by `host` (the emulated host the harness imported it
     on), or, with host None, by this machine (it was imported before the harness asked for it, by
-    a test file say, or no emulation applies); the first note of a module stands."""
+    a test file say); the first note of a module stands."""
     if host is None:
         _IMPORTS.setdefault(module, {"answered_by": "this machine (imported before the harness imported it)"})
     else:
@@ -251,14 +253,6 @@ def imported(module: str, host: Host | None) -> None:
 def import_note(module: str) -> dict | None:
     """How the questions asked while `module` was imported were answered (`imported`), if noted."""
     return _IMPORTS.get(module)
-
-
-def emulated(target: str):
-    """tpu_host(target) with an EmulatedTpuDevice: the host TPU interpret mode runs a candidate on
-    (and its module is imported on); jax's platform questions and Pallas's TPU queries
-    (pltpu.get_tpu_info, pltpu.is_tpu_device, Mosaic's own) answer as `target` would, in this
-    thread, until it is left, exception or not."""
-    return tpu_host(target)
 
 
 def tpu_info_for(device):

@@ -294,6 +294,9 @@ def summary(
     }
 
 
+RAN_IN_WORDS = {"tpu-interpret": "TPU interpret mode", "as written": "Mosaic on the TPU"}  # notes.pallas.ran
+
+
 def what_ran(rec: dict) -> str | None:
     """One line on a jax backend's Pallas kernels (notes.pallas, parity.execute.pallas_paths): how
     they ran and where on the emulated host, or why they are no TPU kernels; None for others."""
@@ -304,9 +307,7 @@ def what_ran(rec: dict) -> str | None:
     where = f" on an emulated {host} host" if host else ""
     if paths.get("cause"):
         return f"{'not a TPU kernel' if paths.get('required') else 'no Mosaic kernel'}: {paths['cause']}"
-    ran = {"tpu-interpret": "TPU interpret mode", "as written": "Mosaic on the TPU"}.get(
-        paths.get("ran"), paths.get("ran")
-    )
+    ran = RAN_IN_WORDS.get(paths.get("ran"), paths.get("ran"))
     return f"Mosaic kernels as written, run in {ran}{where}"
 
 

@@ -79,7 +79,7 @@ def _import_on_the_tpu_host(spec: BackendSpec, module: str):
     if module in sys.modules:
         tpu_identity.imported(module, None)
         return sys.modules[module]
-    with tpu_identity.emulated(tpu_identity.interpret_target()[0]) as host:
+    with tpu_identity.tpu_host(tpu_identity.interpret_target()[0]) as host:
         mod = importlib.import_module(module)
     tpu_identity.imported(module, host)
     return mod

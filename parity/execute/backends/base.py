@@ -120,10 +120,9 @@ def check_tensors(
             raise ValueError(f"{name!r} has shape {arr.shape}, expected {tuple(expected[name])}")
         if arr.dtype.kind not in "fV" and arr.dtype.name != "bfloat16":
             raise ValueError(f"{name!r} has dtype {arr.dtype}, expected a floating dtype")
-        if exact_dtypes and arr.dtype.name != output_dtype(case, name):
-            raise ValueError(
-                f"{name!r} has dtype {arr.dtype.name}, expected {output_dtype(case, name)} (the case's output dtype)"
-            )
+        want = output_dtype(case, name)
+        if exact_dtypes and arr.dtype.name != want:
+            raise ValueError(f"{name!r} has dtype {arr.dtype.name}, expected {want} (the case's output dtype)")
         out[name] = arr
     return out
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cases import Case
+from cases import Case, input_shapes, storage_dtype
 from parity.execute import compile_log
 from parity.model.spec import Unsupported
 
@@ -167,6 +167,18 @@ def jax_program(fn: Callable, case: Case) -> Callable:
         return outs, grads
 
     return program
+
+
+def program_structs(case: Case, fn: Callable, sharding=None):
+    """(jax_program(fn, case), diff structs, cotangent structs): the program and its arguments as
+    ShapeDtypeStructs (on `sharding`), to trace or lower it without inputs."""
+    import jax
+
+    shapes = input_shapes(case)
+    struct = lambda n: jax.ShapeDtypeStruct(shapes[n], storage_dtype(case, n), sharding=sharding)  # noqa: E731
+    diff = {n: struct(n) for n in differentiable_inputs(case, shapes)}
+    cot = tuple(struct(n) for n in cotangent_names(case))
+    return jax_program(fn, case), diff, cot
 
 
 def cotangent_names(case: Case) -> list[str]:

@@ -20,18 +20,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cases import Case, input_shapes, storage_dtype
+from cases import Case
 from parity.execute import compile_log, interpret_callbacks, pallas_paths, tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import (
     accepts,
     candidate_declines,
     check_candidate_supports,
-    cotangent_names,
-    differentiable_inputs,
     forward_case,
     forward_only,
-    jax_program,
+    program_structs,
     run_jax,
 )
 from parity.measure import tpu_numerics
@@ -75,7 +73,7 @@ def _on_the_tpu_host(emulate: bool, module: str | None = None):
     target, source = tpu_identity.interpret_target()
     compile_log.install()
     interpret_callbacks.install()
-    with tpu_identity.emulated(target) as host, compile_log.optimisation(disabled=True):
+    with tpu_identity.tpu_host(target) as host, compile_log.optimisation(disabled=True):
         yield lambda: {
             "tpu_identity": tpu_identity.describe(target, source, host.asked, module),
             "interpret_compile": compile_log.interpret_effort(),
@@ -100,15 +98,9 @@ def _pallas_paths(fn: Callable, case: Case, implementation: str) -> list[tuple[s
     the emulated TPU host (the caller's context) but without forced interpret mode, so that each
     pallas_call's `interpret` is the code's own; once per shape in a process (a further seed of
     a case traces the same program)."""
-    import jax  # late: jax is heavy
-
     key = (implementation, fn, case.replace(seed=0), tpu_identity.interpret_target()[0])
     if key not in _PATHS:
-        shapes = input_shapes(case)
-        struct = lambda n: jax.ShapeDtypeStruct(shapes[n], storage_dtype(case, n))  # noqa: E731
-        diff = {n: struct(n) for n in differentiable_inputs(case, shapes)}
-        cot = tuple(struct(n) for n in cotangent_names(case))
-        _PATHS[key] = pallas_paths.traced(jax_program(fn, case), diff, cot)
+        _PATHS[key] = pallas_paths.traced(*program_structs(case, fn))
     return _PATHS[key]
 
 
