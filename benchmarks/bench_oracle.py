@@ -4,9 +4,9 @@
         [--ops simple_gla,gla,kda] [--method chunked|recurrence]
 
 Prints one line per op: first call (includes any compilation) and a second, warm call.
-Issue target (issue 29): simple_gla fwd+bwd at B=1, T=4096, H=16, K=V=128 in at most 1 s warm
+Target: simple_gla fwd+bwd at B=1, T=4096, H=16, K=V=128 in at most 1 s warm
 on 2 cores, by the default chunked form (references/chunked.py; the recurrence, its
-definition, took about 6-8 s there).
+definition, takes about 6-8 s there).
 """
 
 import argparse

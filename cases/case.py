@@ -336,7 +336,7 @@ class Case:
         d["gate_params"] = dict(self.gate_params)
         d["seqlens"] = list(self.seqlens) if self.seqlens is not None else None
         if self.HV is None:
-            del d["HV"]  # as before value heads existed: one case, one dict
+            del d["HV"]  # no grouped value heads: the dict (and id) carry no HV key
         return d
 
     @classmethod

@@ -16,8 +16,8 @@ from pathlib import Path
 from cases.case import GATES, Case, CaseError
 from cases.models import MODEL_LAYERS, PACKED_GLA, model_case, models, models_at_scale
 
-# the gates and ops the grids cover (gates and ops added later join through cases of their own,
-# so that no existing case of a grid changes: gdn and grouped value heads, `delta_rule_cases`; gdn2,
+# the gates and ops the grids cover (other gates and ops join through cases of their own, so that
+# a grid's cases stay fixed: gdn and grouped value heads, `delta_rule_cases`; gdn2,
 # `gdn2_cases` and the gdn2 cases of smoke, stability, varlen and full)
 GRID_GATES = ("g_logsig", "g_stress", "gamma_alibi", "gamma_stress")
 GRID_OPS = ("simple_gla", "gla", "kda")
@@ -158,7 +158,7 @@ def stability() -> list[Case]:
         if gate.endswith("stress")
         for chunk, dtype in [(64, "float32"), (128, "bfloat16")]
     ]
-    cases += [  # gdn2 as kda (its own cases: no existing case changes)
+    cases += [  # gdn2 as kda (its own cases: the grid's stay as they are)
         Case("gdn2", B=1, T=256, H=2, K=64, V=64, chunk_size=chunk, gate="g_stress", dtype=dtype)
         for chunk, dtype in [(64, "float32"), (128, "bfloat16")]
     ]
@@ -183,7 +183,7 @@ def varlen() -> list[Case]:
     """Packed sequences of uneven lengths: length 1, shorter than a chunk, straddling chunk
     boundaries, exactly one chunk."""
     lens = [(1, 63, 64, 2), (100, 1, 27), (64, 65), (5, 1, 1, 120)]
-    gdn2 = [  # the first two of kda's, on gdn2 (its own cases: no existing case changes)
+    gdn2 = [  # the first two of kda's, on gdn2 (its own cases: the grid's stay as they are)
         Case("gdn2", B=1, T=sum(ls), H=2, K=64, V=64, seqlens=ls, chunk_size=chunk, dtype=dtype, h0=h0, ht=True)
         for ls, (chunk, dtype, h0) in zip(lens[:2], [(64, "float32", True), (128, "bfloat16", False)])
     ]

@@ -101,7 +101,8 @@ def test_the_mutant_catalogue_and_backend_import_no_runner():
         "import parity.execute.backends.mutant; b = 'parity.execute.runner' in sys.modules; print(a, b)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    model = "'parity.model', 'parity.model.host', 'parity.model.kernels', 'parity.model.spec'"
+    model = "'parity.model', 'parity.model.host', 'parity.model.kernels', 'parity.model.option_error', "
+    model += "'parity.model.spec'"
     assert out.strip() == f"[{model}, 'parity.mutants', 'parity.mutants.catalogue', 'parity.mutants.narrow'] False", out
 
 

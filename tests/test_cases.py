@@ -240,7 +240,7 @@ def test_cases_file_accepts_dicts_and_ids_and_validates(tmp_path):
 
 def test_real_model_head_dims_are_cases_on_every_op():
     """ci covers K < V, K > V, a head dim off the 64 grid and V = 512 on every op, with
-    gradients; the models suite names real layers; no existing ci case was changed for it."""
+    gradients; the models suite names real layers; the other grids' ci cases stay as they are."""
     ci = get_suite("ci")
     for op in ("simple_gla", "gla", "kda"):
         mine = [c for c in ci if c.op == op and c.backward]

@@ -9,10 +9,10 @@ import pytest
 from cases import Case, make_inputs
 from parity.judge.gate import GateRefusal, evaluate, format_summary, run_gate
 from parity.measure.compare import bound, bound_localisation, compare_tensor, describe_localisation, rel_rms
-from parity.measure.tol import NP_DTYPES, TOL_VERSION, calibrate, growth, output_dtype, tol
+from parity.measure.tol import TOL_VERSION, calibrate, growth, output_dtype, tol
 from references import oracle_run
 
-from .helpers import SMALL_BF16, perturbed, record_from_tensors, write_records
+from .helpers import SMALL_BF16, perturbed, record_from_tensors, reference_like, write_records
 
 CASE = Case("simple_gla", 1, 128, 2, 64, 64, dtype="bfloat16", seqlens=(30, 1, 97), h0=True, ht=True)
 
@@ -104,7 +104,7 @@ def test_gate_gradient_localisation_names_the_head():
     out = oracle_run(c, make_inputs(c))
     r = out["dg_gamma"]  # [H]
     x = r.copy()
-    x[2] = 0.0  # a zero gradient in head 2 (seed 002's class)
+    x[2] = 0.0  # a zero gradient in head 2 (the class of parity.mutants.catalogue's zero-dg-gamma)
     m = compare_tensor(c, "dg_gamma", x, r, error_scales(out)["dg_gamma"])
     assert m["verdict"] == "fail-accuracy"
     assert m["localisation"] == {"against": "tol", "head": 2, "pattern": "one-head"}
@@ -143,20 +143,20 @@ def test_tolerance_grows_with_dtype_T_chunk_and_K():
 
 
 def test_tolerances_in_reference_units_equal_the_old_formula():
-    """The table re-expressed in the reference's units (float32 as TF32, u = 2^-11) with explicit
-    float16 entries gives, bit for bit, the tolerances of table v4 read the old way (float32
-    u = 2^-24; float16 took bfloat16's coefficients with u = 2^-11), up to the floor at the
-    roundoff of the tensor's own dtype (tolerance version 5, found by parity fuzz). dg_gamma has
-    no coefficient of its own since version 6 (test below)."""
+    """The table in the reference's units (float32 as TF32, u = 2^-11) with explicit float16
+    entries gives, bit for bit, the tolerances of table v4 (tests/data/tolerances_v4_before_units.json,
+    read with float32 u = 2^-24 and float16 taking bfloat16's coefficients with u = 2^-11), up to
+    the floor at the roundoff of the tensor's own dtype. dg_gamma has no coefficient of its own
+    (test below)."""
     from pathlib import Path
 
-    from parity.measure.tol import COEF_OF, ROUNDOFF, UNIT, coef, output_dtype
+    from parity.measure.tol import COEF_OF, ROUNDOFF, UNIT, coef
 
     old = json.loads((Path(__file__).parent / "data" / "tolerances_v4_before_units.json").read_text())["coef"]
     old_u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
     assert UNIT == {"float32": 2.0**-11, "bfloat16": 2.0**-8, "float16": 2.0**-11}
     checked = 0
-    for op in old:  # the ops of table v4 (gdn came later, with kda's coefficients)
+    for op in old:  # the ops of table v4 (gdn, not in it, has kda's coefficients)
         gate = "gamma_alibi" if op == "simple_gla" else "g_logsig"
         for dtype in ("float32", "bfloat16", "float16"):
             for T, C, K in ((64, 64, 64), (100, 32, 60), (2048, 128, 256), (1, 64, 128)):
@@ -172,11 +172,11 @@ def test_tolerances_in_reference_units_equal_the_old_formula():
 def test_dg_gamma_is_measured_per_head_against_what_it_sums():
     """dg_gamma = the sum over tokens of the per-token gate gradient (the oracle's terms, summed in
     float64 to its value), with dg's coefficient; its error is measured per head against the larger
-    of |dg_gamma| and the terms' root sum of squares. On the case parity fuzz found (dg_gamma = 39.6
-    from terms of rms 694) float32 sums of the terms with TF32-sized errors, in two orders, are off
-    by more than the fixed tolerance dg_gamma had (2.4e-4 of the sum) and pass now; a batch row left
-    out of the sum fails, and so does a head's gradient dropped in a head 100x smaller than another
-    (seed 002's class)."""
+    of |dg_gamma| and the terms' root sum of squares. On the case below (dg_gamma = 39.6 from terms
+    of rms 694) float32 sums of the terms with TF32-sized errors, in two orders, are off by more
+    than 2.4e-4 of the sum (a tolerance relative to the sum itself) and pass; a batch row left out
+    of the sum fails, and so does a head's gradient dropped in a head 100x smaller than another
+    (the class of parity.mutants.catalogue's zero-dg-gamma)."""
     from references import error_scales
 
     c = Case.from_id("simple_gla-fwdbwd-B2-T64-H1-K64-V64-fp32-C64-gamma_retnet-s1.0-h0-ht")
@@ -294,17 +294,7 @@ def _write(dirpath, rec):
 
 @pytest.fixture(scope="module")
 def fla_like():
-    """A reference result with realistic bf16 error: the oracle with 1.5e-3 relative noise, rounded
-    to each tensor's output dtype (FLA compiled on an H100 measured about 1e-3 to 4e-3 rel_rms on
-    bf16 outputs and gradients)."""
-    c = SMALL_BF16
-    r = oracle_run(c, make_inputs(c))
-    rng = np.random.default_rng(0)
-    return {
-        n: (a * (1 + 1.5e-3 * rng.standard_normal(a.shape))).astype(NP_DTYPES[output_dtype(c, n)])
-        for n, a in r.items()
-        if n in c.output_names()
-    }
+    return reference_like(SMALL_BF16)
 
 
 def test_candidate_with_twice_the_reference_error_fails_at_1_and_passes_at_4(tmp_path, fla_like):

@@ -1,5 +1,5 @@
 """Compute error apart from output rounding, and the bound on it judged over seeds
-(parity.measure.compute_error; issue 28): the statistic, the gate's verdicts, the seed loop."""
+(parity.measure.compute_error): the statistic, the gate's verdicts, the seed loop."""
 
 import ml_dtypes
 import numpy as np
@@ -17,7 +17,7 @@ from .helpers import deep, noise_run
 
 # ci-sized bfloat16 (o, dq, dk, dv in bf16; ht, dg, dh0 in float32)
 CASE = Case.from_id("simple_gla-fwdbwd-B1-T64-H2-K64-V64-bf16-C64-g_logsig-h0-ht")
-FLA = 1.75e-3  # FLA's compute error on such bf16 tensors (issue 28: 1.7-1.8e-3)
+FLA = 1.75e-3  # FLA's compute error on such bf16 tensors (measured: 1.7-1.8e-3)
 BF16 = ("o", "dq", "dk", "dv")
 
 
@@ -45,8 +45,8 @@ def test_compute_error_recovers_the_noise_rms_added_before_bf16_rounding(oracle,
 
 
 def test_a_candidate_1_7x_worse_in_bf16_fails_where_the_floor_let_it_pass(tmp_path):
-    """The floor-doubled allowance (eps_c <= eps_r + floor) passed 1.7x; the compute-error bound
-    fails it, and 1.25x, on every bf16 tensor, with an interval above 1."""
+    """The floor-doubled allowance alone (eps_c <= eps_r + floor) passes 1.7x; the compute-error
+    bound fails it, and 1.25x, on every bf16 tensor, with an interval above 1."""
     for times in (1.7, 1.25):
         recs = noise_run(CASE, tmp_path / str(times), FLA, times * FLA)
         r = _gate(recs)
@@ -55,7 +55,7 @@ def test_a_candidate_1_7x_worse_in_bf16_fails_where_the_floor_let_it_pass(tmp_pa
         assert set(bad) == set(BF16) and {f["verdict"] for f in bad.values()} == {"fail-bound"}
         for f in bad.values():
             assert f["interval"][0] > 1.0 and f["ratio"] == pytest.approx(times, rel=0.1)
-        if times == 1.7:  # what the old rule said of it
+        if times == 1.7:  # the floor-doubled allowance alone passes it
             t, rt = recs["cand"]["tensors"]["o"], recs["fla"]["tensors"]["o"]
             assert t["rel_rms"] <= rt["rel_rms"] + rt["floor_rel"]
         assert "over" in format_summary(r)
@@ -155,7 +155,7 @@ def test_judge_rules():
 def test_a_tensor_with_few_blocks_per_seed_goes_on_past_eight_seeds_looking_at_the_stated_seeds():
     """Undecided, a tensor of 2 blocks per seed (a [B, T, H] tensor at B = 1, H = 2) goes on past
     SEEDS_BASE until it has BLOCKS_ENOUGH blocks, is looked at only at LOOKS, and is inconclusive at
-    the policy's maximum; a tensor of 8 blocks per seed is inconclusive at SEEDS_BASE as before.
+    the policy's maximum; a tensor of 8 blocks per seed is inconclusive at SEEDS_BASE.
     Under the rounding rule the zone above the limit is undecided until the end, where it passes."""
     from parity.measure.compute_error import BLOCKS_ENOUGH, LOOKS, SEEDS_BASE
 

@@ -1,4 +1,4 @@
-"""Fail closed: the attacks of issue 15 (bad CLI input, faulty candidates, interrupted runs,
+"""Fail closed: the attacks it guards against (bad CLI input, faulty candidates, interrupted runs,
 corrupt files, hostile strings), each replayed and held to the promised behaviour.
 
 Exit codes everywhere: 0 pass, 1 parity failure, 2 refused input (one line naming the
@@ -124,9 +124,9 @@ def test_exit_codes_mean_one_thing(tmp_path, records, capsys, monkeypatch):
     assert cli(["gate", gate_dir(tmp_path / "fail", records, worse)], capsys)[0] == 1
     rc, _, err = cli(["gate", tmp_path / "nowhere"], capsys)
     refused(rc, err, "nowhere", "no such directory")
-    import parity.cli.common
+    import cases  # parity.model.options.select_cases reads the suite through cases.get_suite
 
-    monkeypatch.setattr(parity.cli.common, "get_suite", lambda name: 1 / 0)
+    monkeypatch.setattr(cases, "get_suite", lambda name: 1 / 0)
     rc, _, err = cli(["cases", "--suite", "smoke"], capsys)
     assert rc == 3 and err.count("\n") == 1 and "internal error: ZeroDivisionError" in err
     log = Path(err.split("traceback in ")[1].rstrip(")\n"))

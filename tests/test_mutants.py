@@ -3,9 +3,11 @@ kernel passes the same gate; the score and the CLI's bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,11 @@ from parity.execute.case import build_backends, run_case
 from parity.judge.gate import evaluate, load, load_compiles
 from parity.measure import tpu_numerics
 from parity.mutants import BY_NAME, CATALOGUE
+from parity.mutants.catalogue import Patch
+from parity.mutants.patched import PatchError, mutant_kernel, patched_module, patched_sources
 from tests.helpers import requires_libtpu
+
+KERNELS_JAX = Path(__file__).resolve().parents[1] / "kernels_jax"
 
 
 @functools.cache
@@ -77,6 +83,56 @@ def test_parallel_chunk_axis_names_its_hazard(tmp_path):
     o = _entry(gate, mutant)["tensors"]["o"]
     assert o["verdict"] == "nan-inf"
     assert "'parallel'" in o["localisation"].get("hazard", ""), o["localisation"]
+
+
+# ------------------------------------------------------------------ the patched copies of kernels_jax
+@pytest.mark.parametrize("mutant", [m for m in CATALOGUE if m.patches], ids=lambda m: m.name)
+def test_every_patch_applies_to_the_kernels_as_they_are(mutant):
+    """A kernel edit that removes or repeats a planted spot fails here, naming the mutant."""
+    sources = patched_sources(mutant)
+    assert sorted(sources) == sorted({p.module for p in mutant.patches})
+    for module, source in sources.items():
+        assert source != (KERNELS_JAX.parent / (module.replace(".", "/") + ".py")).read_text()
+
+
+def test_a_patch_whose_text_is_not_there_once_refuses_the_mutant():
+    real = BY_NAME["kv-swapped-scale"]
+    gone = dataclasses.replace(real, name="gone", patches=(Patch(real.patches[0].module, "K ** -0.75", "0"),))
+    with pytest.raises(
+        PatchError, match=r"mutant gone: the text it patches occurs 0 times in kernels_jax.common.valid"
+    ):
+        patched_sources(gone)
+    twice = dataclasses.replace(real, name="twice", patches=(Patch("kernels_jax.common.validation", "scale", "s"),))
+    with pytest.raises(PatchError, match="mutant twice: .* occurs [0-9]+ times"):
+        patched_sources(twice)
+    nowhere = dataclasses.replace(real, name="nowhere", patches=(Patch("kernels_jax.nowhere", "a", "b"),))
+    with pytest.raises(PatchError, match="mutant nowhere: kernels_jax has no module kernels_jax.nowhere"):
+        patched_sources(nowhere)
+
+
+def test_the_copy_plants_the_bug_and_leaves_kernels_jax_alone():
+    """kv-swapped-scale's copy takes the default scale from V; kernels_jax still takes it from K, and
+    the modules the patch does not reach are the real ones."""
+    import jax.numpy as jnp
+
+    from kernels_jax.common import platform, validation
+
+    mutant = BY_NAME["kv-swapped-scale"]
+    q, v = jnp.zeros((1, 8, 1, 64)), jnp.zeros((1, 8, 1, 16))
+    mutated = patched_module(mutant, "kernels_jax.common.validation")
+    assert mutated is not validation and mutated.__name__ == "kernels_jax_mutant_kv_swapped_scale.common.validation"
+    assert mutated.validate("simple_gla", q, q, v).scale == 16**-0.5
+    assert validation.validate("simple_gla", q, q, v).scale == 64**-0.5
+    assert patched_module(mutant, "kernels_jax.common.platform") is platform  # one compile_for_tpu flag
+    fn = mutant_kernel(mutant, Case.from_id(mutant.witness))
+    assert fn.__module__ == "kernels_jax_mutant_kv_swapped_scale.simple_gla.chunk"
+    assert patched_module(BY_NAME["zero-dg-gamma"], "kernels_jax.common.validation") is validation  # wrap only
+
+
+def test_kernels_jax_holds_no_mutant():
+    for path in KERNELS_JAX.rglob("*.py"):
+        text = path.read_text()
+        assert "mutation" not in text and "mutant" not in text, path
 
 
 def test_mutants_cli_rejects_unknown_mutant(capsys):
@@ -235,9 +291,7 @@ def test_a_mutant_whose_lowered_module_is_the_kernels_is_not_compiled_again(tmp_
     """kv-swapped-scale where K == V takes V ** -0.5 == K ** -0.5: its lowered TPU module is
     pallas's, byte for byte, so its compile record reuses pallas's compile (same_program_as);
     where K != V, and for scale-twice-intra anywhere, the module differs and is compiled."""
-    from kernels_jax.common import mutation
     from parity.execute import tpu_compile
-    from parity.execute.backends.jax_backends import PallasBackend
 
     k_ne_v = Case.from_id(BY_NAME["kv-swapped-scale"].witness)
     shas = {}
@@ -261,6 +315,5 @@ def test_a_mutant_whose_lowered_module_is_the_kernels_is_not_compiled_again(tmp_
         else:
             assert "same_program_as" not in kv and kv["module_sha256"] != pallas["module_sha256"]
     # compiled afresh, the mutant's program where K == V is the same module and compiles the same
-    with mutation.enabled("scale_from_v"):
-        fresh = tpu_compile.compile_case(PallasBackend("pallas").kernel(A), A, "v5e")
+    fresh = tpu_compile.compile_case(mutant_kernel(BY_NAME["kv-swapped-scale"], A), A, "v5e")
     assert fresh["module_sha256"] == shas[A.id] and fresh["ok"] and "same_program_as" not in fresh

@@ -30,7 +30,8 @@ from parity.records import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "simple_gla-fwd-B1-T96-H2-K64-V64-fp32-C64-g_stress"  # a smoke case, forward only
-OPTIONS = ["suite", "cases", "op", "report-dir", "candidate", "backends", "bound-factor", "tpu-targets"]
+OPTIONS = ["suite", "cases", "op", "max-elements", "max-bytes", "report-dir", "candidate", "backends", "bound-factor"]
+OPTIONS += ["tpu-targets", "tpu-interpret-as"]
 PARITY_TEST = """
 import pytest
 
@@ -67,8 +68,11 @@ def test_options_are_in_a_parity_group_with_the_parity_prefix_and_markers_are_re
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--parity-suite", "nope"], "--parity-suite 'nope': expected one of ['smoke'"),
-        (["--parity-op", "mamba"], f"--parity-op 'mamba': expected one of {list(OPS)}"),
+        (["--parity-suite", "nope"], "--parity-suite 'nope': unknown suite 'nope': expected one of ['smoke'"),
+        (["--parity-op", "mamba"], f"--parity-op 'mamba': unknown op 'mamba': expected one of {list(OPS)}"),
+        (["--parity-max-elements", "0"], "--parity-max-elements '0': expected an int >= 1"),
+        (["--parity-op", "kda", "--parity-max-elements", "100"], "--parity-max-elements 100: case kda-"),
+        (["--parity-suite", "smoke", "--parity-cases=c.json"], "expected exactly one of --parity-suite NAME"),
         (["--parity-bound-factor", "nan"], "--parity-bound-factor 'nan': expected a finite number >= 0"),
         (["--parity-bound-factor", "-1"], "--parity-bound-factor '-1': expected a finite number >= 0"),
         (["--parity-backends", "oracle,cuda"], "--parity-backends 'oracle,cuda': expected a comma-separated list"),
@@ -135,7 +139,8 @@ def test_a_session_without_parity_tests_imports_no_framework(pytester, monkeypat
         "    # the plugin, and the model it reads names from (standard library)\n"
         "    light = ('parity.pytest_plugin', 'parity.pytest_plugin.options', 'parity.pytest_plugin.devices',\n"
         "             'parity.pytest_plugin.checks', 'parity.pytest_plugin.session',\n"
-        "             'parity.model', 'parity.model.gpu', 'parity.model.host', 'parity.model.spec')\n"
+        "             'parity.model', 'parity.model.gpu', 'parity.model.host', 'parity.model.spec',\n"
+        "             'parity.model.options', 'parity.model.option_error')\n"
         "    names += sorted(m for m in sys.modules if m.startswith('parity.') and m not in light)\n"
         "    open('imported.txt', 'w').write(' '.join(names))\n"
     )

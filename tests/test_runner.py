@@ -212,22 +212,28 @@ def test_a_worker_near_the_memory_map_limit_exits_after_its_case_and_is_replaced
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
-    from parity.execute.worker import _Worker, memory_maps_used
+    from parity.execute.pool import Worker
+    from parity.execute.worker import CaseEnded, Done, memory_maps_used
 
     assert 0 < memory_maps_used() < 0.5  # this process, read from /proc
 
     def one_case(w):
         w.give(SMALL, ["oracle"])
-        while (event := w.poll(bool(wait([w.conn], timeout=1.0)), 120)) is None or event[0] != "case":
-            assert event is None or event[0] == "done", event
+        events = []
+        while not events or not isinstance(events[-1], CaseEnded):
+            event = w.poll(bool(wait([w.conn], timeout=1.0)), 120)
+            assert event is None or isinstance(event, (Done, CaseEnded)), event
+            events += [event] if event else []
+        assert [type(e) for e in events] == [Done, CaseEnded] and events[0].line["backend"] == "oracle"
+        assert events[1].retire == w.retired
         return w
 
     ctx = mp.get_context("spawn")
-    stays = one_case(_Worker(ctx, tmp_path / "a", "t", ()))
+    stays = one_case(Worker(ctx, tmp_path / "a", "t", ()))
     assert not stays.retired and stays.proc.is_alive()
     stays.kill()
     monkeypatch.setenv("PARITY_WORKER_RETIRE_AT_MAPS", "0")  # read by the spawned worker: retire after every case
-    leaves = one_case(_Worker(ctx, tmp_path / "b", "t", ()))
+    leaves = one_case(Worker(ctx, tmp_path / "b", "t", ()))
     assert leaves.retired and not leaves.proc.is_alive() and leaves.proc.exitcode == 0
     cases = [SMALL, SMALL.replace(seed=1), SMALL.replace(seed=2)]
     summary = run(cases, ["oracle", CANDIDATES["scan"]], tmp_path / "run", jobs=1, timeout_s=120)

@@ -119,7 +119,7 @@ print(json.dumps({"ok": ok, "entries": counts}))
 
 def test_the_mosaic_dump_directory_made_for_a_process_goes_with_it():
     """Each process that compiles for TPU gets a temporary --xla_mosaic_dump_to; it is removed at
-    exit (98 of them had piled up in /tmp), and a child that inherits it leaves it alone."""
+    exit (otherwise they pile up in /tmp), and a child that inherits it leaves it alone."""
     import subprocess
     import sys
 

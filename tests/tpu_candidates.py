@@ -1,7 +1,8 @@
 """Planted user candidates for the TPU compile check (tests only).
 
-`bf16_fp32_contract`, `interpret_left_on`: kernels_jax's Simple GLA traced with a mutation switch
-on, as a user's Pallas kernel with that bug would be.
+`bf16_fp32_contract`, `interpret_left_on`: kernels_jax's Simple GLA from the copy of kernels_jax
+with that mutant's bug planted (parity.mutants.patched), as a user's Pallas kernel with that bug
+would be.
 
 `sign_1d`, `tpu_info_block`: production-style Pallas TPU kernels that ask the TPU who it is
 (forward cases only). Both return Simple GLA's output multiplied by 1.0 that a small Pallas
@@ -33,23 +34,22 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_jax.common import mutation
 from kernels_jax.simple_gla import chunk_simple_gla
 from parity.execute import compile_log
+from parity.mutants import BY_NAME
+from parity.mutants.patched import patched_module
 
 SEEN: list[dict] = []  # what tpu_info_block read at trace time, in this process
 
 
 def bf16_fp32_contract(q, k, v, **kw):
     """bf16 x bf16 matmuls asking for float32 contract precision: Mosaic rejects them."""
-    with mutation.enabled("bf16_dot_fp32_contract"):
-        return chunk_simple_gla(q, k, v, **kw)
+    return patched_module(BY_NAME["bf16-dot-fp32-contract"], "kernels_jax.simple_gla").chunk_simple_gla(q, k, v, **kw)
 
 
 def interpret_left_on(q, k, v, **kw):
     """interpret mode hard-coded on: its TPU module holds no Mosaic kernel."""
-    with mutation.enabled("interpret_left_on"):
-        return chunk_simple_gla(q, k, v, **kw)
+    return patched_module(BY_NAME["interpret-left-on"], "kernels_jax.simple_gla").chunk_simple_gla(q, k, v, **kw)
 
 
 def _forward_only(case):

@@ -13,8 +13,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import tpu as pltpu
 
-from .mutation import active
-
 F32 = jnp.float32
 
 
@@ -34,13 +32,10 @@ def dot(a, b, *, trans_a: bool = False, trans_b: bool = False, piece: int | None
     ca, cb = (0 if trans_a else 1), (1 if trans_b else 0)
     dims = (((ca,), (cb,)), ((), ()))
     if a.dtype == b.dtype == jnp.bfloat16:
-        # mutation: a bf16 matmul asking for float32 contract precision (runs in interpret mode,
-        # Mosaic rejects it)
-        precision = lax.Precision.HIGHEST if active("bf16_dot_fp32_contract") else None
+        precision = None
     else:
         a, b = a.astype(F32), b.astype(F32)
-        # mutation: float32 dots at DEFAULT (one bf16 pass on a TPU)
-        precision = None if active("f32_dot_default_precision") else lax.Precision.HIGHEST
+        precision = lax.Precision.HIGHEST
     length = a.shape[ca]
     if piece is None or length <= piece:
         return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
@@ -75,43 +70,26 @@ def state_grad_step(dS, q, do, decay_chunk, decay_from_start, scale: float, piec
     return decay_chunk * dS + scale * dot(q * decay_from_start, do, trans_a=True, piece=piece)
 
 
-def causal_decay(b_col, b_row, *, transpose: bool = False, strict: bool = False, unmasked: bool = False, gamma=None):
+def causal_decay(b_col, b_row, *, transpose: bool = False, gamma=None):
     """[C, C] float32 decay D[i, j] = exp(b_i - b_j) for i >= j, else 0 (masked before exp).
 
     b_col [C, 1] and b_row [1, C] hold the same chunk-local cumulative log-decay; or, with
     gamma given, step counts m so that b = gamma * m and b_i - b_j = gamma * (m_i - m_j) is
     rounded once (not the difference of two rounded large numbers).
     transpose: D^T, i.e. D[j, i] = exp(b_i - b_j) for i >= j, built from the same inputs
-    (rows indexed by j). strict drops the diagonal; unmasked takes exp over the whole
-    chunk and masks the product (the seed-000 bug, only for the mutation suite)."""
+    (rows indexed by j)."""
     C = b_col.shape[0]
     row = lax.broadcasted_iota(jnp.int32, (C, C), 0)
     col = lax.broadcasted_iota(jnp.int32, (C, C), 1)
     if transpose:  # entry [r, c] = exp(b_c - b_r) for c >= r
-        keep = col > row if strict else col >= row
+        keep = col >= row
         diff = b_row - b_col
     else:  # entry [r, c] = exp(b_r - b_c) for r >= c
-        keep = row > col if strict else row >= col
+        keep = row >= col
         diff = b_col - b_row
     if gamma is not None:
         diff = gamma * diff
-    if unmasked:
-        # a 0/1 float mask from integer arithmetic, as a kernel would load it: multiplying by
-        # keep.astype(F32) would let XLA (interpret mode) rewrite the product as a select and
-        # hide the NaN that Mosaic on a TPU produces
-        lower = (col - row) if transpose else (row - col)
-        return jnp.exp(diff) * jnp.clip(lower + (0 if strict else 1), 0, 1).astype(F32)
     return jnp.exp(jnp.where(keep, diff, -jnp.inf))
-
-
-def factorised_decay(b_col, b_row, *, transpose: bool = False):
-    """The seed-001 bug (mutation suite only): exp(b_i) * exp(-b_j) * mask, which overflows."""
-    C = b_col.shape[0]
-    row = lax.broadcasted_iota(jnp.int32, (C, C), 0)
-    col = lax.broadcasted_iota(jnp.int32, (C, C), 1)
-    if transpose:
-        return jnp.exp(b_row) * jnp.exp(-b_col) * (col >= row).astype(F32)
-    return jnp.exp(b_col) * jnp.exp(-b_row) * (row >= col).astype(F32)
 
 
 def row_sum(x):
@@ -130,6 +108,4 @@ def params(*semantics: str):
     A grid axis along which a kernel carries state in scratch must be 'arbitrary': a TPU with
     two TensorCores (v4, v5p, TPU7x) splits 'parallel' axes between them, and TPU interpret
     mode gives each 'parallel' iteration a fresh (NaN-filled) scratch."""
-    if active("sequential_axis_parallel"):  # mutation: the Triton habit of independent programs
-        semantics = ("parallel",) * len(semantics)
     return pltpu.CompilerParams(dimension_semantics=semantics)

@@ -13,8 +13,6 @@ import contextlib
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
-from .mutation import active
-
 
 def on_tpu() -> bool:
     """Whether jax runs on a TPU (asked at every call, as a kernel library asks: a harness that
@@ -47,8 +45,6 @@ def compile_for_tpu():
 def interpret_mode():
     """The `interpret=` argument for pl.pallas_call (read at trace time): False on TPU or
     inside compile_for_tpu(), TPU interpret mode elsewhere."""
-    if active("interpret_left_on"):  # mutation (seed 003): interpret mode hard-coded on
-        return pltpu.InterpretParams()
     return False if (on_tpu() or _compile_for_tpu) else pltpu.InterpretParams()
 
 

@@ -32,8 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .mutation import active
-
 OPS = ("simple_gla", "gla", "kda", "gdn", "gdn2")
 DELTA_OPS = ("kda", "gdn", "gdn2")  # grouped value heads; beta (kda, gdn) or the gates b, w (gdn2)
 CHUNK_SIZES = (16, 32, 64, 128)
@@ -226,6 +224,5 @@ def validate(
         chk.floating("initial_state", initial_state, (N, HV, K, V))
     check_supported(K, V, q.dtype, op)
     if scale is None:
-        # mutation suite: the default scale taken from V instead of K
-        scale = (V if active("scale_from_v") else K) ** -0.5
+        scale = K**-0.5
     return Problem(op, B, T, H, K, V, N, int(chunk_size), float(scale), HV)

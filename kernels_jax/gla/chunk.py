@@ -26,7 +26,6 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels_jax.common.config import KernelConfig, prepare
 from kernels_jax.common.kernel_math import advance_state, params, state_grad_step
 from kernels_jax.common.layout import ChunkLayout
-from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
 from . import intra
@@ -71,8 +70,6 @@ def _fwd_kernel(
     o = intra.dot(q * jnp.exp(gc), S, intra.LANE_PIECE) + intra_ref[...]
     o_ref[...] = (scale * o).astype(o_ref.dtype)
     _, g_last_col = sums.total(tot)
-    if active("gla_decay_last_row_only"):  # mutation suite: the state decays by the last row's gate only
-        g_last_col = intra.dot_tn(g[C - 1 : C, :], jnp.ones((1, 1), jnp.float32))
     S = advance_state(S, k, v, jnp.exp(g_last_col), jnp.exp(sums.suffix(loc, tot)), piece=intra.SUB)
     state_ref[...] = S
     ht_ref[...] = S

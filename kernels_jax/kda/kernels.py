@@ -34,7 +34,6 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels_jax.common.config import KernelConfig
 from kernels_jax.common.kernel_math import advance_state, dot, params, state_grad_step
-from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
 from .chunk_math import (
@@ -93,7 +92,7 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, *refs):
     A_kk = jnp.where(causal_mask(g.shape[0], strict=True), A_kk, 0.0)
     inv, X = wy_factors(A_kk, k, decay, erase, rows_gated=not channel)
     W_ref[...] = dot(inv, X)
-    U_ref[...] = dot(inv, v if active("beta_keys_only") else write * v)  # mutation suite: beta on keys only
+    U_ref[...] = dot(inv, write * v)
     Aqk_ref[...] = A_qk
 
 

@@ -34,14 +34,12 @@ from kernels_jax.common.kernel_math import (
     advance_state,
     causal_decay,
     dot,
-    factorised_decay,
     params,
     row_sum,
     state_grad_step,
     total,
 )
 from kernels_jax.common.layout import ChunkLayout
-from kernels_jax.common.mutation import active
 from kernels_jax.common.platform import interpret_mode
 
 
@@ -49,18 +47,6 @@ def _decay_to_end(b_col, b_row):
     """(exp(b_C) [1, 1], exp(b_C - b_j) [C, 1]) for the chunk's last slot C."""
     b_last = b_row[:, -1:]
     return jnp.exp(b_last), jnp.exp(b_last - b_col)
-
-
-def _intra_decay(b_col, b_row, *, transpose=False, backward=False):
-    if backward and active("factorised_decay_bwd"):
-        return factorised_decay(b_col, b_row, transpose=transpose)
-    return causal_decay(
-        b_col,
-        b_row,
-        transpose=transpose,
-        strict=active("strict_causal_mask"),
-        unmasked=not backward and active("unmasked_decay_exp"),
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,31 +57,19 @@ def _fwd_h_kernel(seq_ref, first_ref, last_ref, k_ref, v_ref, bcol_ref, brow_ref
     """One chunk of state passing: emit h_c (state before), update the state, emit ht at the end."""
     h0_ref, (h_ref, ht_ref, state) = (rest[0], rest[1:]) if has_h0 else (None, rest)
     c = pl.program_id(3)
-    # mutation suite: the state is reset at the first chunk only (seed 004)
-    reset = (c == 0) if active("varlen_no_reset") else (first_ref[c] == 1)
 
-    @pl.when(reset)
+    @pl.when(first_ref[c] == 1)
     def load_initial_state():
         state[...] = h0_ref[...].astype(F32) if has_h0 else jnp.zeros(state.shape, F32)
 
     h_ref[...] = state[...].astype(h_ref.dtype)
-    early = active("ht_one_chunk_early")
-
-    @pl.when(last_ref[c] == 1)
-    def emit_state_before_last_chunk():
-        if early:  # mutation suite: the final state one chunk early
-            ht_ref[...] = state[...]
-
     decay_all, decay_to_end = _decay_to_end(bcol_ref[...], brow_ref[...])
     new = advance_state(state[...], k_ref[...], v_ref[...], decay_all, decay_to_end)
-    if active("state_bf16"):
-        new = new.astype(jnp.bfloat16).astype(F32)
     state[...] = new
 
     @pl.when(last_ref[c] == 1)
     def emit_final_state():
-        if not early:
-            ht_ref[...] = new
+        ht_ref[...] = new
 
 
 def chunk_fwd_h(k, v, b, h0, tables, cfg: KernelConfig):
@@ -114,7 +88,6 @@ def chunk_fwd_h(k, v, b, h0, tables, cfg: KernelConfig):
     if cfg.has_h0:
         in_specs.append(state_spec)
         args.append(h0)
-    h_dtype = jnp.bfloat16 if active("state_bf16") else F32
     return pl.pallas_call(
         functools.partial(_fwd_h_kernel, has_h0=cfg.has_h0),
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -125,7 +98,7 @@ def chunk_fwd_h(k, v, b, h0, tables, cfg: KernelConfig):
             scratch_shapes=[pltpu.VMEM((bk, bv), F32)],
         ),
         out_shape=[
-            jax.ShapeDtypeStruct((cfg.H, cfg.NT, cfg.K, cfg.V), h_dtype),
+            jax.ShapeDtypeStruct((cfg.H, cfg.NT, cfg.K, cfg.V), F32),
             jax.ShapeDtypeStruct((cfg.N, cfg.H, cfg.K, cfg.V), F32),
         ],
         compiler_params=params("parallel", "parallel", "parallel", "arbitrary"),
@@ -147,18 +120,13 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, h_ref, bcol_ref, brow_ref, o_ref, acc_qk,
 
     @pl.when(i > 0)
     def add_k_tile():
-        if active("tile_overwrite"):  # mutation suite: a K tile overwrites the sums
-            acc_qk[...], acc_qh[...] = qk, qh
-        else:
-            acc_qk[...] += qk
-            acc_qh[...] += qh
+        acc_qk[...] += qk
+        acc_qh[...] += qh
 
     @pl.when(i == nk - 1)
     def emit_output():
         b_col, b_row = bcol_ref[...], brow_ref[...]
-        scores = acc_qk[...] * _intra_decay(b_col, b_row) * scale
-        if active("intra_scale_twice"):
-            scores = scores * scale
+        scores = acc_qk[...] * causal_decay(b_col, b_row) * scale
         o = dot(scores, v_ref[...]) + (scale * jnp.exp(b_col)) * acc_qh[...]
         o_ref[...] = o.astype(o_ref.dtype)
 
@@ -270,7 +238,7 @@ def _bwd_dv_kernel(q_ref, k_ref, do_ref, dh_ref, bcol_ref, brow_ref, dv_ref, acc
 
     @pl.when(i == nk - 1)
     def emit_dv():
-        scores_t = acc_kq[...] * _intra_decay(b_col, b_row, transpose=True, backward=True) * scale
+        scores_t = acc_kq[...] * causal_decay(b_col, b_row, transpose=True) * scale
         dv_ref[...] = (dot(scores_t, do_ref[...]) + acc_dv[...]).astype(dv_ref.dtype)
 
 
@@ -339,7 +307,7 @@ def _bwd_dqk_kernel(
         q, k = q_ref[...], k_ref[...]
         b_col, b_row = bcol_ref[...], brow_ref[...]
         decay_all, decay_to_end = _decay_to_end(b_col, b_row)
-        dscores = acc_dov[...] * _intra_decay(b_col, b_row, backward=True) * scale
+        dscores = acc_dov[...] * causal_decay(b_col, b_row) * scale
         dq = dot(dscores, k) + (scale * jnp.exp(b_col)) * acc_dq[...]
         dk_inter = decay_to_end * acc_dk[...]
         dk = dot(dscores, q, trans_a=True) + dk_inter

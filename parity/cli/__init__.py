@@ -45,7 +45,9 @@ from cases import CaseError
 from parity.cli import calibrate, cases, compile, diff, fuzz, gate, mutants, power, report, repro, run
 from parity.cli.common import UsageError
 from parity.execute.backends import SpecError
+from parity.judge.diff import DiffRefusal
 from parity.judge.gate import GateRefusal
+from parity.model.options import OptionError
 from parity.records import RecordError
 
 COMMANDS = (cases, run, compile, mutants, fuzz, gate, power, calibrate, report, repro, diff)  # in `parity --help` order
@@ -93,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
+    except OptionError as e:  # a value parity.model.options refused: named with this surface's flag
+        print(f"parity {a.cmd}: {e.message('--')}", file=sys.stderr)
+        return 2
     except (UsageError, CaseError, SpecError, RecordError) as e:
         print(f"parity {a.cmd}: {e}", file=sys.stderr)
         return 2
-    except GateRefusal as e:
+    except (GateRefusal, DiffRefusal) as e:  # records that cannot be compared
         print(f"parity {a.cmd}: refused: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `parity cases | head`

@@ -2,70 +2,64 @@
 
 Each is an argparse `type=`: it returns the parsed value or raises ArgumentTypeError
 naming the allowed values; the parser (cli.Parser) prints that as one line and exits 2,
-before any case runs.
+before any case runs. The checks the pytest plugin shares are parity.model.options's
+(`_checked` turns their OptionError into argparse's error).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
+
+from parity.model import options
 
 
 def _refuse(value, allowed: str):
     raise argparse.ArgumentTypeError(f"{value!r} is invalid: expected {allowed}")
 
 
-def _int_at_least(s: str, low: int) -> int:
+def _checked(check, *args):
+    """check(*args), its OptionError raised as argparse's error (the value and the allowed values)."""
     try:
-        v = int(s)
-    except ValueError:
-        _refuse(s, f"an int >= {low}")
-    if v < low:
-        _refuse(s, f"an int >= {low}")
-    return v
+        return check(*args)
+    except options.OptionError as e:
+        raise argparse.ArgumentTypeError(e.invalid()) from None
 
 
 def positive_int(s: str) -> int:
-    return _int_at_least(s, 1)
+    return _checked(options.int_at_least, "", s, 1)
 
 
-def _finite(s: str, allowed: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        _refuse(s, allowed)
-    if not math.isfinite(v):
-        _refuse(s, allowed)
-    return v
+def size_limit(s: str) -> int:
+    """--max-elements, --max-bytes: an int >= 1."""
+    return _checked(options.size_limit, "", s)
 
 
 def seconds(s: str) -> float:
     """A timeout: a finite number of seconds > 0."""
-    v = _finite(s, "a finite number of seconds > 0")
+    v = _checked(options.finite_at_least, "", s, 0, "a finite number of seconds > 0")
     if v <= 0:
         _refuse(s, "a finite number of seconds > 0")
     return v
 
 
 def bound_factor(s: str) -> float:
-    v = _finite(s, "a finite number >= 0")
-    if v < 0:
-        _refuse(s, "a finite number >= 0")
-    return v
+    return _checked(options.bound_factor, s)
 
 
 def count(s: str) -> int:
-    return _int_at_least(s, 0)
+    return _checked(options.int_at_least, "", s, 0)
 
 
 def max_ratio(s: str) -> float:
     """parity diff's growth factor: a finite number >= 1."""
-    v = _finite(s, "a finite number >= 1")
-    if v < 1:
-        _refuse(s, "a finite number >= 1")
-    return v
+    return _checked(options.finite_at_least, "", s, 1)
+
+
+def interpret_as(s: str) -> str:
+    """--tpu-interpret-as: one TPU target."""
+    return _checked(options.interpret_as, s)
 
 
 def shard(s: str) -> tuple[int, int]:
@@ -92,10 +86,7 @@ def seeds(s: str) -> tuple[int, int]:
 
 def backend_list(s: str) -> list[str]:
     """Comma-separated backend names: none empty, at least one."""
-    items = [x.strip() for x in s.split(",")]
-    if not s.strip() or any(not x for x in items):
-        _refuse(s, "a comma-separated list of backend names, none empty, e.g. oracle,fla,pallas")
-    return items
+    return _checked(options.backend_list, s)
 
 
 def output_dir(s: str) -> Path:

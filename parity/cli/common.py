@@ -1,16 +1,18 @@
 """What several `parity` commands share: the refused-input error, the case selection and its
-options, the TPU target options, the output directory check and the HTML report."""
+options, the TPU target options, the output directory check and the HTML report. The values'
+checks are parity.model.options's, shared with the pytest plugin; an OptionError they raise
+is printed by parity.cli.main with this surface's flag prefix (`--`)."""
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
-from cases import OPS, Case, CaseError, check_size, get_suite, load_cases_file
+from cases import OPS, Case
 from cases.inputs import MAX_INPUT_BYTES, MAX_INPUT_ELEMENTS
 from parity.cli import args as check
-from parity.model.targets import TARGETS, parse_targets
+from parity.model import options
+from parity.model.targets import TARGETS
 
 try:
     # optional: without the HTML report module, commands write no page (`parity report` exits 2)
@@ -26,13 +28,13 @@ class UsageError(Exception):
 def limit_options(sp) -> None:
     sp.add_argument(
         "--max-elements",
-        type=check.positive_int,
+        type=check.size_limit,
         default=MAX_INPUT_ELEMENTS,
         help=f"refuse a case whose inputs exceed this many elements (default {MAX_INPUT_ELEMENTS})",
     )
     sp.add_argument(
         "--max-bytes",
-        type=check.positive_int,
+        type=check.size_limit,
         default=MAX_INPUT_BYTES,
         help=f"refuse a case whose inputs exceed this many bytes in float64 (default {MAX_INPUT_BYTES})",
     )
@@ -60,7 +62,7 @@ def tpu_options(sp) -> None:
 def interpret_as_option(sp) -> None:
     sp.add_argument(
         "--tpu-interpret-as",
-        type=interpret_target,
+        type=check.interpret_as,
         default=None,
         metavar="TARGET",
         help=f"off a TPU, jax candidates run in TPU interpret mode and pltpu.get_tpu_info() answers as this "
@@ -68,42 +70,15 @@ def interpret_as_option(sp) -> None:
     )
 
 
-def interpret_target(s: str) -> str:
-    """--tpu-interpret-as: one TPU target (argparse type: the parser prints one line, exit 2)."""
-    if s not in TARGETS:
-        raise argparse.ArgumentTypeError(f"{s!r} is invalid: expected one of {list(TARGETS)}")
-    return s
-
-
 def select_cases(a) -> list[Case]:
-    sources = sum(bool(x) for x in (a.suite, getattr(a, "cases", None), getattr(a, "case", None)))
-    if sources != 1:
-        raise UsageError(
-            "give exactly one of --suite NAME, --cases FILE" + (", --case ID" if hasattr(a, "case") else "")
-        )
-    try:
-        if a.suite:
-            cases = get_suite(a.suite)
-        elif a.cases:
-            cases = load_cases_file(a.cases)
-        else:
-            cases = [Case.from_id(i) for i in a.case]
-    except CaseError as e:
-        raise UsageError(str(e)) from None
-    if a.op:
-        if a.op not in OPS:
-            raise UsageError(f"unknown op {a.op!r}: expected one of {list(OPS)}")
-        cases = [c for c in cases if c.op == a.op]
-    for c in cases:
-        check_size(c, a.max_elements, a.max_bytes)
-    return cases
+    """The cases selection_options chose (parity.model.options.select_cases)."""
+    case_ids = (a.case or []) if hasattr(a, "case") else None  # None: the command has no --case
+    return options.select_cases(a.suite, a.cases, case_ids, a.op, a.max_elements, a.max_bytes)
 
 
 def tpu_targets(a) -> tuple[str, ...]:
-    try:
-        return parse_targets(a.tpu_targets)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    """The TPU targets of --tpu-targets (parity.model.options.tpu_targets)."""
+    return options.tpu_targets(a.tpu_targets)
 
 
 def prepare_out(out: Path) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 from cases import Case
 from parity.cli import args as check
 from parity.cli.common import UsageError, prepare_out, select_cases, selection_options, tpu_targets
-from parity.execute.backends import SpecError, Unsupported, backend_name, check_specs, make_backend
+from parity.execute.backends import Unsupported, backend_name, check_specs, make_backend
 from parity.execute.tpu_compile import compile_for_targets
 from parity.judge.gate import compile_problems, compile_summary, format_compile_summary
 from parity.model.targets import TARGETS
@@ -47,10 +47,7 @@ def add_parser(sub) -> None:
 def cmd_compile(a) -> int:
     cases = select_cases(a)
     texts = list(a.backends) + list(a.candidate or [])
-    try:
-        parsed = check_specs(texts)
-    except SpecError as e:
-        raise UsageError(str(e)) from None
+    parsed = check_specs(texts)  # SpecError: parity.cli.main writes it with its flag
     bad = [s.text for s in parsed if s.side != "candidate" or s.framework == "torch"]
     specs = [s.text for s in parsed]
     if bad:

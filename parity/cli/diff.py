@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from parity.cli import args as check
 from parity.html.build import write_diff_page
-from parity.judge.diff import DiffRefusal, diff_runs, format_diff
+from parity.judge.diff import diff_runs, format_diff
 from parity.records import check_dirs
 
 
@@ -28,12 +27,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_diff(a) -> int:
-    check_dirs([Path(a.base), Path(a.new)])  # RecordError: exit 2 (main)
-    try:
-        result = diff_runs([Path(a.base)], [Path(a.new)], a.max_ratio)
-    except DiffRefusal as e:
-        print(f"parity diff: refused: {e}", file=sys.stderr)
-        return 2
+    check_dirs([Path(a.base), Path(a.new)])  # RecordError, and DiffRefusal below: exit 2 (main)
+    result = diff_runs([Path(a.base)], [Path(a.new)], a.max_ratio)
     print(format_diff(result, verbose=a.verbose))
     if a.output:
         print(f"diff page: {write_diff_page(result, Path(a.output)).resolve()}")

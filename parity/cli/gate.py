@@ -3,11 +3,10 @@ candidate's tolerance and the TPU <= GPU bound (parity.judge.gate); writes gate.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from parity.cli import args as check
-from parity.judge.gate import GateRefusal, format_summary, run_gate
+from parity.judge.gate import format_summary, run_gate
 
 
 def add_parser(sub) -> None:
@@ -36,17 +35,14 @@ def add_parser(sub) -> None:
 
 
 def cmd_gate(a) -> int:
-    try:
-        result = run_gate(
-            [Path(d) for d in a.dirs],
-            a.bound_factor,
-            Path(a.out) if a.out else None,
-            allow_partial=a.allow_partial,
-            allow_mixed_numerics=a.allow_mixed_numerics,
-            allow_inconclusive=a.allow_inconclusive,
-        )
-    except GateRefusal as e:
-        print(f"parity gate: refused: {e}", file=sys.stderr)
-        return 2
+    """Exit 0 on a pass, 1 on a failure; GateRefusal (exit 2) is the command line's (parity.cli.main)."""
+    result = run_gate(
+        [Path(d) for d in a.dirs],
+        a.bound_factor,
+        Path(a.out) if a.out else None,
+        allow_partial=a.allow_partial,
+        allow_mixed_numerics=a.allow_mixed_numerics,
+        allow_inconclusive=a.allow_inconclusive,
+    )
     print(format_summary(result))
     return 0 if result["ok"] else 1

@@ -33,7 +33,8 @@ from parity.cli.common import (
 )
 from parity.execute.runner import RunConfig, Schedule, run_cases
 from parity.execute.tpu_identity import choose, exported
-from parity.judge.gate import GateRefusal, evaluate, load_checked
+from parity.judge.case import judge_case
+from parity.judge.gate import evaluate, load_checked
 from parity.measure.compare import describe_localisation
 from parity.model.host import tpu_attached
 from parity.model.spec import MUTANT_PREFIX, REFERENCE
@@ -223,12 +224,12 @@ def judge_record(out: Path, factor: float, run_id: str):
             crec = read(comp, check_compile)
             if crec is None:
                 return None
-            compiles = {case.id: {backend: crec}}
-        try:
-            gate = evaluate({case.id: {REFERENCE: ref, backend: rec}}, factor, compiles=compiles)
-        except GateRefusal:
+            compiles = {backend: crec}
+        judged = judge_case(case.id, {REFERENCE: ref, backend: rec}, compiles, factor)
+        if judged.refused:
             return None
-        return any(_caught(e) for e in gate["cases"] if e["candidate"] == backend)
+        entry = judged.entry(backend)
+        return entry is not None and _caught(entry)
 
     return judge
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cases import Case, CaseError, check_size
+from cases import Case, CaseError
 from parity.cli import args as check
 from parity.cli.common import UsageError, limit_options
 from parity.execute.backends import SpecError, check_specs
+from parity.model import options
 from parity.repro import write_repro
 
 
@@ -25,11 +26,17 @@ def add_parser(sub) -> None:
 def cmd_repro(a) -> int:
     try:
         case = Case.from_id(a.case_id)
-        check_size(case, a.max_elements, a.max_bytes)
+        options.check_size(case, a.max_elements, a.max_bytes)
         spec = a.candidate or a.backend
         check_specs([spec])
         path = write_repro(case, spec, Path(a.output))
-    except (CaseError, SpecError, ValueError) as e:
+    except SpecError as e:
+        if e.field == "backends":  # repro takes its one backend as --backend
+            e.field = "backend"
+        raise
+    except options.OptionError:
+        raise  # parity.cli.main writes it with its flag
+    except (CaseError, ValueError) as e:
         raise UsageError(str(e)) from None
     print(
         f"wrote {path.parent}/ (inputs.npz, oracle.npz, case.json, repro.py); run: cd {path.parent} && python repro.py"

@@ -18,7 +18,7 @@ from parity.cli.common import (
     tpu_targets,
     write_report,
 )
-from parity.execute.backends import SpecError, check_specs_isolated
+from parity.execute.backends import check_specs_isolated
 from parity.execute.backends.jax_backends import PallasBackend
 from parity.execute.runner import RunConfig, run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
@@ -87,10 +87,7 @@ def add_parser(sub) -> None:
 def cmd_run(a) -> int:
     cases = select_cases(a)
     texts = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
-    try:
-        specs = check_specs_isolated(texts, a.timeout)
-    except SpecError as e:
-        raise UsageError(str(e)) from None
+    specs = check_specs_isolated(texts, a.timeout)  # SpecError: parity.cli.main writes it with its flag
     if a.shard:
         cases = shard(cases, *a.shard)
     if not cases:

@@ -3,7 +3,8 @@
     backends/           one per kind (oracle, fla, pallas, candidates, mutants) behind `make_backend`
     proc.py             child processes that die with their parent
     case.py             one case through its backends: oracle first, compare, a record per backend
-    worker.py           the worker processes of `parity run` / `parity fuzz` and the parent's handle on one
+    worker.py           what a worker process of `parity run` / `parity fuzz` runs, and the events it sends
+    pool.py             the parent's side: `WorkerPool`, workers handed cases, their events read, timeouts
     runner.py           `run_cases`: cases over workers, timeouts, signals, manifests (`parity run`)
     tpu_compile.py      the real TPU compiler on this machine: compile a case for TPU targets
     mosaic_llo.py       Mosaic's lowered (LLO) module read, and checked against the TPU numerics model

@@ -110,7 +110,7 @@ def _verdict(rec: dict, none_judged: str) -> str:
     return worst_verdict(verdicts) if verdicts else none_judged
 
 
-def _summary_line(rec: dict) -> dict:
+def summary_line(rec: dict) -> dict:
     worst_name, worst_eps = None, None
     for name, t in rec.get("tensors", {}).items():
         eps = t.get("rel_rms")
@@ -218,59 +218,23 @@ def run_case(
     inputs = make_inputs(case)
     h = input_hash(inputs)
     on_inputs(h)
-    oracle, scales = None, {}
+    oracle = _OracleOutputs()
     backend_wall = compile_wall = 0.0
     records, compiles = [], []
     has_oracle = any(as_spec(item).side == "oracle" for item in todo)
     for item in todo:
         spec = as_spec(item)
-        name = spec.name
-        compile_error = None
         on_start(item)
-        b = backends[item]
-        if isinstance(b, Exception):
-            result = BackendResult(
-                backend=name,
-                side=spec.side,
-                status="error",
-                tensors={},
-                error=f"backend could not be created: {type(b).__name__}: {b}",
-            )
-        elif spec.side != "oracle" and oracle is None and has_oracle:
-            result = BackendResult(
-                backend=name,
-                side=b.side,
-                status="error",
-                tensors={},
-                error="the oracle failed for this case, nothing to compare against",
-            )
-        else:
-            if spec.side != "oracle" and oracle is None:
-                full = cached_oracle(case, inputs)[0]
-                oracle, scales = {n: full[n] for n in case.output_names()}, error_scales(full)
-            # a jax candidate is compiled first: its compile decides which of its dots the TPU
-            # numerics model computes on the vector unit while it runs (compile_then_execute)
-            t_compile = time.perf_counter()
-            result, crec, compile_error = compile_then_execute(case, spec, b, inputs, tpu_targets, out_dir, run_id)
-            compile_wall += time.perf_counter() - t_compile - (result.wall_time_s or 0.0)
-            backend_wall += result.wall_time_s or 0.0
-            if crec is not None:
-                compiles.append(crec)
-            if spec.side == "oracle" and result.status == "ok":
-                oracle, scales = result.tensors, result.notes["error_scales"]
-        try:
-            rec = _record(case, spec, result, oracle, h, run_id, scales)
-        except Exception:  # noqa: BLE001 - a comparison bug must not lose the run
-            result = dataclasses.replace(
-                result, status="error", tensors={}, error="comparison failed:\n" + traceback.format_exc(limit=-4)
-            )
-            rec = _record(case, spec, result, oracle, h, run_id, scales)
-        if compile_error:
-            rec["notes"]["compile_check_error"] = compile_error
-        rec["seed_policy"] = {"min": seeds[0], "max": seeds[1]}
-        rec = write_record(result_path(Path(out_dir), name, case.id), rec)
+        result, crec, compile_error, compile_s = _run_backend(
+            case, spec, backends[item], inputs, oracle, has_oracle, tpu_targets, out_dir, run_id
+        )
+        backend_wall += result.wall_time_s or 0.0
+        compile_wall += compile_s
+        if crec is not None:
+            compiles.append(crec)
+        rec = _write_result(case, spec, result, oracle, h, run_id, compile_error, seeds, out_dir)
         records.append(rec)
-        on_done(_summary_line(rec))
+        on_done(summary_line(rec))
     t_seeds = time.perf_counter()
     for k in range(1, seeds[1]):
         if not wants_seed(records, k, *seeds):
@@ -279,6 +243,62 @@ def run_case(
     timing = {"total_s": time.perf_counter() - t_case, "backends_s": backend_wall, "compile_s": compile_wall}
     timing["seeds_s"] = time.perf_counter() - t_seeds
     return records, timing, compiles
+
+
+@dataclasses.dataclass
+class _OracleOutputs:
+    """The oracle's output tensors for a case (None until known) and their error scales
+    (references.error_scales)."""
+
+    tensors: dict | None = None
+    scales: dict = dataclasses.field(default_factory=dict)
+
+
+def _run_backend(case, spec, backend, inputs, oracle: _OracleOutputs, has_oracle: bool, tpu_targets, out_dir, run_id):
+    """(result, compile record or None, compile-check traceback or None, seconds compiling) of one
+    backend (or the exception creating it raised) on the case's own seed. The oracle's result sets
+    `oracle`; without the oracle among the case's backends it comes from the cache."""
+    not_run = _not_run(spec, backend, oracle_failed=has_oracle and oracle.tensors is None)
+    if not_run is not None:
+        return not_run, None, None, 0.0
+    if spec.side != "oracle" and oracle.tensors is None:
+        full = cached_oracle(case, inputs)[0]
+        oracle.tensors, oracle.scales = {n: full[n] for n in case.output_names()}, error_scales(full)
+    # a jax candidate is compiled first: its compile decides which of its dots the TPU numerics model
+    # computes on the vector unit while it runs (compile_then_execute)
+    t_compile = time.perf_counter()
+    result, crec, compile_error = compile_then_execute(case, spec, backend, inputs, tpu_targets, out_dir, run_id)
+    compile_s = time.perf_counter() - t_compile - (result.wall_time_s or 0.0)
+    if spec.side == "oracle" and result.status == "ok":
+        oracle.tensors, oracle.scales = result.tensors, result.notes["error_scales"]
+    return result, crec, compile_error, compile_s
+
+
+def _not_run(spec, backend, oracle_failed: bool) -> BackendResult | None:
+    """The error result of a backend that cannot run on the case (creating it raised, or it is a
+    candidate or reference and the oracle failed), or None."""
+    if isinstance(backend, Exception):
+        error = f"backend could not be created: {type(backend).__name__}: {backend}"
+        return BackendResult(backend=spec.name, side=spec.side, status="error", tensors={}, error=error)
+    if spec.side != "oracle" and oracle_failed:
+        error = "the oracle failed for this case, nothing to compare against"
+        return BackendResult(backend=spec.name, side=backend.side, status="error", tensors={}, error=error)
+    return None
+
+
+def _write_result(case, spec, result, oracle: _OracleOutputs, h, run_id, compile_error, seeds, out_dir) -> dict:
+    """Write the result record of `result` (an error record when comparing it failed) and return it."""
+    try:
+        rec = _record(case, spec, result, oracle.tensors, h, run_id, oracle.scales)
+    except Exception:  # noqa: BLE001 - a comparison bug must not lose the run
+        result = dataclasses.replace(
+            result, status="error", tensors={}, error="comparison failed:\n" + traceback.format_exc(limit=-4)
+        )
+        rec = _record(case, spec, result, oracle.tensors, h, run_id, oracle.scales)
+    if compile_error:
+        rec["notes"]["compile_check_error"] = compile_error
+    rec["seed_policy"] = {"min": seeds[0], "max": seeds[1]}
+    return write_record(result_path(Path(out_dir), spec.name, case.id), rec)
 
 
 def _pairs(records: list[dict]) -> list[tuple[dict, dict]]:

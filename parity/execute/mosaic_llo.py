@@ -200,6 +200,36 @@ def vmem_failure(message: str, mosaic: dict, capacity: int, device_kind: str = "
     Three messages are known (libtpu 0.0.42): "Used 256.00M of 128.00M vmem" with the largest
     allocations listed; "Scoped allocation with size 64.00M and limit 16.00M exceeded scoped vmem
     limit"; "Allocation (size=N) would exceed memory (size=N) :: #allocation [shape, size, tag]"."""
+    needed, limit, kind, buffers = _vmem_message(message)
+    kernel = buffers[0]["kernel"] if buffers else (next(iter(mosaic)) if len(mosaic) == 1 else None)
+    operands = (mosaic.get(kernel) or {}).get("vmem_bytes")
+    fits = None if needed is None else needed <= capacity
+    if needed is None:
+        summary = "out of VMEM, in a message this parser does not know: see the error"
+    else:
+        verdict = "does not fit at this configuration"
+        if fits:
+            verdict = "fits: raise vmem_limit_bytes (pltpu.CompilerParams)" if kind == "scoped limit" else "fits"
+        summary = (
+            f"kernel {kernel or '?'} needs {_mib(needed)} of VMEM (over the compiler's {kind} of {_mib(limit)}); "
+            f"{device_kind} has {_mib(capacity)} (get_tpu_info): {verdict}"
+        )
+    return {
+        "kernel": kernel,
+        "needed_bytes": needed,
+        "limit_bytes": limit,
+        "limit": kind,
+        "buffers": buffers,
+        "mosaic_vmem_bytes": operands,
+        "capacity_bytes": capacity,
+        "fits": fits,
+        "summary": summary,
+    }
+
+
+def _vmem_message(message: str) -> tuple[int | None, int | None, str | None, list[dict]]:
+    """(needed_bytes, limit_bytes, limit, buffers) read from one of the three known out-of-VMEM
+    messages (vmem_failure); (None, None, None, []) for a message of another form."""
     buffers, needed, limit, kind = [], None, None, None
     if m := re.search(rf"Used {_SIZE} of {_SIZE} vmem", message):
         needed, limit, kind = _bytes(*m.groups()[:2]), _bytes(*m.groups()[2:]), "capacity"
@@ -230,27 +260,4 @@ def vmem_failure(message: str, mosaic: dict, capacity: int, device_kind: str = "
         for b in re.finditer(allocation, message):
             kernel, size = _kernel(b.group(4)), int(b.group(2), 16)
             buffers.append({"kernel": kernel, "bytes": size, "what": b.group(3), "shape": b.group(1)})
-    kernel = buffers[0]["kernel"] if buffers else (next(iter(mosaic)) if len(mosaic) == 1 else None)
-    operands = (mosaic.get(kernel) or {}).get("vmem_bytes")
-    fits = None if needed is None else needed <= capacity
-    if needed is None:
-        summary = "out of VMEM, in a message this parser does not know: see the error"
-    else:
-        verdict = "does not fit at this configuration"
-        if fits:
-            verdict = "fits: raise vmem_limit_bytes (pltpu.CompilerParams)" if kind == "scoped limit" else "fits"
-        summary = (
-            f"kernel {kernel or '?'} needs {_mib(needed)} of VMEM (over the compiler's {kind} of {_mib(limit)}); "
-            f"{device_kind} has {_mib(capacity)} (get_tpu_info): {verdict}"
-        )
-    return {
-        "kernel": kernel,
-        "needed_bytes": needed,
-        "limit_bytes": limit,
-        "limit": kind,
-        "buffers": buffers,
-        "mosaic_vmem_bytes": operands,
-        "capacity_bytes": capacity,
-        "fits": fits,
-        "summary": summary,
-    }
+    return needed, limit, kind, buffers

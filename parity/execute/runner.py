@@ -1,12 +1,12 @@
 """`parity run`: take cases through backends, compare against the oracle, write records.
 
 This module holds the run loop: `RunConfig`, `shard`, `Schedule` (the units of work: a case and
-the backends to run on it), `run_cases` (workers handed units, timeouts, signals, summary and
-manifests) and its `Progress` line. By default every case goes through every backend in one
+the backends to run on it), `run_cases` (plan the units, drain them through a pool of workers,
+write the summary and manifests) and its `Progress` line. By default every case goes through every backend in one
 unit; a Schedule may hold work back and add more as units finish (`parity mutants` stops a
 mutant at the first case that catches it), and the manifest then lists the (case, backend)
-pairs it planned. Units run in worker processes (parity.execute.worker; spawned, `jobs` of
-them), so that a candidate that hangs is killed after `timeout` seconds and recorded as a
+pairs it planned. Units run in worker processes (parity.execute.pool's WorkerPool; spawned,
+`jobs` of them), so that a candidate that hangs is killed after `timeout` seconds and recorded as a
 timeout, and a crash of any kind becomes that case's error record; the run goes on and
 finished results are kept.
 Within a case (parity.execute.case) the oracle runs first (cached on disk), then every
@@ -24,9 +24,9 @@ remove their .tmp-* files and leave a summary of what finished (summary["interru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -35,13 +35,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from cases import Case
 from parity.execute.backends import as_spec, parse_specs
 from parity.execute.backends.oracle import cache_dir
-from parity.execute.worker import _Worker
+from parity.execute.pool import WorkerPool
+from parity.execute.worker import CaseEnded, Done
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.measure.tpu_numerics import ENV, check_model
 from parity.records import SCHEMA_VERSION, encode_nonfinite, write_json
@@ -184,153 +184,175 @@ def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Call
     units `schedule(cases, specs)` plans (default: every case through every backend); returns
     the run summary (also written to summary.json). summary["interrupted"] is 'SIGINT' or
     'SIGTERM' when a signal ended the run early. cfg is not changed."""
-    out_dir = Path(cfg.out_dir)
-    run_id = cfg.run_id or uuid.uuid4().hex[:12]
+    run = _plan(cases, cfg, schedule)
+    run.write_manifest()
+    drained = _drain(run)
+    return _summary(run, drained)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What a run runs: its cases, config, id, backends (BackendSpecs, the oracle first) and schedule."""
+
+    cases: list[Case]
+    cfg: RunConfig
+    run_id: str
+    specs: list
+    schedule: Schedule
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.out_dir)
+
+    def write_manifest(self, lines: list[dict] = (), finished=False, interrupted=False) -> None:
+        """The run's manifest: what it is meant to write, and of that what `lines` (summary lines) say
+        is written, with the input hashes they report (none before the run)."""
+        write_manifest(
+            self.out_dir,
+            self.run_id,
+            "parity run",
+            [c.id for c in self.cases],
+            [s.name for s in self.specs],
+            {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
+            {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)},
+            finished=finished,
+            interrupted=interrupted,
+            tpu_targets=self.cfg.tpu_targets,
+            pairs=None if self.schedule.full_product else list(self.schedule.pairs),
+        )
+
+
+def _plan(cases: list[Case], cfg: RunConfig, schedule) -> _Run:
+    """Parse the backends (the oracle first), export the numerics model the workers read, plan the units."""
     given = [as_spec(s) for s in cfg.backends]
     specs = parse_specs(["oracle"]) + parse_specs([s for s in given if s.side != "oracle"])
     if cfg.numerics:  # workers inherit it (parity.measure.tpu_numerics reads it on first use)
         os.environ[ENV] = check_model(cfg.numerics)
-    names = [s.name for s in specs]
-    plan = schedule(cases, specs[1:])
+    return _Run(list(cases), cfg, cfg.run_id or uuid.uuid4().hex[:12], specs, schedule(cases, specs[1:]))
 
-    def manifest(hashes=None, completed=(), finished=False, interrupted=False):
-        write_manifest(
-            out_dir,
-            run_id,
-            "parity run",
-            [c.id for c in cases],
-            names,
-            hashes,
-            completed,
-            finished=finished,
-            interrupted=interrupted,
-            tpu_targets=cfg.tpu_targets,
-            pairs=None if plan.full_product else list(plan.pairs),
-        )
 
-    manifest()
-    ctx = mp.get_context("spawn")
+@dataclasses.dataclass
+class _Drained:
+    """What the workers reported: summary lines, timings per case id, the signal that ended the run
+    early (or None) and the loop's wall time."""
+
+    lines: list[dict] = dataclasses.field(default_factory=list)
+    timings: dict[str, dict] = dataclasses.field(default_factory=dict)
+    interrupted: str | None = None
+    wall: float = 0.0
+
+
+class _Units:
+    """The run loop's work: units handed to the pool's workers, the rest of a unit whose worker
+    failed (retried first, in order), and what their events say (into `drained`)."""
+
+    def __init__(self, run: _Run):
+        self.run, self.drained = run, _Drained()
+        self.retry: list[tuple[Case, list, tuple[Case, list]]] = []  # (case, backends left, their unit)
+        self.progress = Progress(run.schedule.planned, run.cfg.progress)
+
+    def pending(self, pool: WorkerPool) -> bool:
+        return bool(self.retry or pool.busy or self.run.schedule.pending())
+
+    def hand_out(self, pool: WorkerPool) -> None:
+        """Give every idle worker a unit: a retry first, else the schedule's next (the oracle put first)."""
+        while pool.idle:
+            if self.retry:
+                case, todo, unit = self.retry.pop(0)
+            else:
+                taken = self.run.schedule.take()
+                if taken is None:
+                    break
+                unit = (taken[0], self.run.specs[:1] + list(taken[1]))
+                case, todo = unit
+            pool.give(case, todo, tag=unit)
+        if not pool.busy:  # the schedule holds work back that nothing running can release
+            raise RuntimeError("the schedule holds units back while no worker is busy")
+
+    def take(self, unit: tuple[Case, list], event) -> None:
+        """One event of a worker running `unit`."""
+        if isinstance(event, Done):
+            self.drained.lines.append(event.line)
+        elif isinstance(event, CaseEnded):
+            prev = self.drained.timings.get(event.case_id)
+            timing = event.timing
+            self.drained.timings[event.case_id] = timing if prev is None else {k: prev[k] + timing[k] for k in timing}
+            self.unit_ended(unit)
+        else:  # Failed: its records are written; the case's other backends go on in a fresh worker
+            self.drained.lines.extend(event.records)
+            if event.left:
+                self.retry.append((unit[0], list(event.left), unit))
+            else:
+                self.unit_ended(unit)
+
+    def unit_ended(self, unit: tuple[Case, list]) -> None:
+        self.progress.step(unit[0].id)
+        self.run.schedule.finished(unit[0], unit[1][1:])
+        self.progress.total = self.run.schedule.planned
+
+
+def _drain(run: _Run) -> _Drained:
+    """Run the schedule's units over cfg.jobs workers until none is left or a signal ends the run;
+    the workers are ended and their .tmp-* files removed whatever happens."""
+    cfg = run.cfg
     t0 = time.perf_counter()
-    lines: list[dict] = []
-    timings: dict[str, dict] = {}
-    workers: list[_Worker] = []
-    pids = {os.getpid()}
-    interrupted = None
-    retry: list[tuple[Case, list, tuple[Case, list]]] = []  # (case, backends left, the unit they belong to)
-    progress = Progress(plan.planned, cfg.progress)
-    main_thread = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    units = _Units(run)
+    size = max(1, min(cfg.jobs, run.schedule.planned))
+    pool = WorkerPool(size, run.out_dir, run.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
+    with _sigterm_interrupts():
+        try:
+            pool.start()
+            while units.pending(pool):
+                units.hand_out(pool)
+                for unit, event in pool.events(wait_s=1.0):
+                    units.take(unit, event)
+        except KeyboardInterrupt:
+            units.drained.interrupted = "SIGINT"
+        except Interrupted as e:
+            units.drained.interrupted = str(e)
+        finally:
+            units.progress.close()
+            pool.close(kill=units.drained.interrupted is not None)
+            _remove_temporaries(run.out_dir, {os.getpid(), *pool.pids})
+    units.drained.wall = time.perf_counter() - t0
+    return units.drained
 
-    def spawn() -> _Worker:
-        w = _Worker(ctx, out_dir, run_id, tuple(cfg.tpu_targets), cfg.seeds)
-        pids.add(w.proc.pid)
-        return w
 
-    def unit_ended(unit: tuple[Case, list]) -> None:
-        progress.step(unit[0].id)
-        plan.finished(unit[0], unit[1][1:])
-        progress.total = plan.planned
-
-    def fail(w: _Worker, status: str, err: str) -> None:
-        """Record `status` for the backend the worker was on, and go on with the case's others."""
-        failed, rest = w.fail(status, err, cfg.timeout_s)
-        lines.extend(failed)  # none when it died after its last backend's record
-        if rest:
-            retry.append((w.case, rest, w.unit))
-        else:
-            unit_ended(w.unit)
-
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Within: SIGTERM raises Interrupted (in the main thread; no other may set a signal handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        workers = [spawn() for _ in range(max(1, min(cfg.jobs, plan.planned)))]
-        idle = list(workers)
-        busy: list[_Worker] = []
-        while retry or busy or plan.pending():
-            while idle:
-                if retry:
-                    case, todo, unit = retry.pop(0)
-                else:
-                    unit = plan.take()
-                    if unit is None:
-                        break
-                    unit = (unit[0], specs[:1] + list(unit[1]))
-                    case, todo = unit
-                w = idle.pop()
-                w.give(case, todo)
-                w.unit = unit
-                busy.append(w)
-            if not busy:  # the schedule holds work back that nothing running can release
-                raise RuntimeError("the schedule holds units back while no worker is busy")
-            ready = wait([w.conn for w in busy], timeout=1.0)
-            for w in list(busy):
-                event = w.poll(w.conn in ready, cfg.timeout_s)
-                if event is None:
-                    continue
-                kind, value = event
-                if kind == "done":
-                    lines.append(value)
-                    continue
-                if kind == "case":
-                    prev = timings.get(w.case.id)
-                    timings[w.case.id] = value if prev is None else {k: prev[k] + value[k] for k in value}
-                    busy.remove(w)
-                    unit_ended(w.unit)
-                    if w.retired:  # it exited after this case (RETIRE_AT_MAPS): a fresh one in its place
-                        fresh = spawn()
-                        workers[workers.index(w)] = fresh
-                        w = fresh
-                    idle.append(w)
-                    continue
-                fail(w, *value)
-                busy.remove(w)
-                nw = spawn()
-                workers[workers.index(w)] = nw
-                idle.append(nw)
-    except KeyboardInterrupt:
-        interrupted = "SIGINT"
-    except Interrupted as e:
-        interrupted = str(e)
+        yield
     finally:
-        progress.close()
-        for w in workers:
-            if interrupted:
-                w.kill()
-                continue
-            try:
-                w.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        for w in workers:
-            w.proc.join(10)
-            if w.proc.is_alive():
-                w.kill()
-        _remove_temporaries(out_dir, pids)
-        if main_thread:
-            signal.signal(signal.SIGTERM, old_term)
-    wall = time.perf_counter() - t0
+        signal.signal(signal.SIGTERM, old)
+
+
+def _summary(run: _Run, drained: _Drained) -> dict:
+    """The run summary, written to summary.json, and the run's final manifest."""
+    cfg, lines = run.cfg, drained.lines
     summary = {
         "schema": SCHEMA_VERSION,
         "kind": "run",
-        "run_id": run_id,
+        "run_id": run.run_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv,
-        "backends": [s.text for s in specs],
+        "backends": [s.text for s in run.specs],
         "jobs": cfg.jobs,
-        "cases": len(cases),
-        "units": plan.planned,
-        "wall_time_s": wall,
+        "cases": len(run.cases),
+        "units": run.schedule.planned,
+        "wall_time_s": drained.wall,
         "tpu_targets": list(cfg.tpu_targets),
         "seeds": list(cfg.seeds),
-        "interrupted": interrupted,
-        "timing": _timing_summary(lines, timings, wall),
+        "interrupted": drained.interrupted,
+        "timing": _timing_summary(lines, drained.timings, drained.wall),
         "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
     }
-    write_json(out_dir / "summary.json", encode_nonfinite(summary)[0])
-    manifest(
-        {ln["case_id"]: ln["input_hash"] for ln in lines if ln.get("input_hash")},
-        {(ln["case_id"], ln["backend"]) for ln in lines if ln.get("written", True)},
-        finished=interrupted is None,
-        interrupted=interrupted is not None,
-    )
+    write_json(run.out_dir / "summary.json", encode_nonfinite(summary)[0])
+    run.write_manifest(lines, finished=drained.interrupted is None, interrupted=drained.interrupted is not None)
     return summary
 
 

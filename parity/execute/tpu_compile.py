@@ -35,7 +35,7 @@ or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_pr
                            in it), what the compiler is given
     same_program_as        set instead of compiling: the backend of this case, in this run, whose
                            lowered module for this target had the same module_sha256 (same jax and
-                           libtpu): its result is this one's (a mutant whose switch does not touch
+                           libtpu): its result is this one's (a mutant whose patch does not touch
                            the case's kernels compiles nothing new); `seconds` is then the trace
                            and lowering alone, and the numerics check is redone on this jaxpr
     pallas                 each pallas_call of the traced program and its path as the code chose it
@@ -129,7 +129,6 @@ def compile_case(
     case: Case,
     target: str,
     *,
-    context: Callable = contextlib.nullcontext,
     expect_mosaic: bool = True,
     compiled: dict[str, tuple[str, dict]] | None = None,
 ) -> dict:
@@ -141,14 +140,13 @@ def compile_case(
         program, diff, cot = program_structs(case, fn, sharding)
         return program, (diff, cot)
 
-    return compile_program(program_and_args, target, context=context, expect_mosaic=expect_mosaic, compiled=compiled)
+    return compile_program(program_and_args, target, expect_mosaic=expect_mosaic, compiled=compiled)
 
 
 def compile_program(
     program_and_args: Callable,
     target: str,
     *,
-    context: Callable = contextlib.nullcontext,
     expect_mosaic: bool = True,
     compiled: dict[str, tuple[str, dict]] | None = None,
 ) -> dict:
@@ -158,11 +156,11 @@ def compile_program(
     (benchmarks/numerics_corpus.py)."""
     # tracing and lowering are deep Python: as fast at any depth of the caller
     return call_with_stack_room(
-        _compile_program, program_and_args, target, context=context, expect_mosaic=expect_mosaic, compiled=compiled
+        _compile_program, program_and_args, target, expect_mosaic=expect_mosaic, compiled=compiled
     )
 
 
-def _compile_program(program_and_args, target, *, context, expect_mosaic, compiled) -> dict:
+def _compile_program(program_and_args, target, *, expect_mosaic, compiled) -> dict:
     """compile_program's work (its docstring)."""
     # late: jax and kernels_jax.common.platform (which imports jax) are heavy; the runner imports this module
     import jax
@@ -178,7 +176,6 @@ def _compile_program(program_and_args, target, *, context, expect_mosaic, compil
         program, args = program_and_args(jax.sharding.SingleDeviceSharding(dev))
         before = _dump_files()
         with (
-            context(),
             compile_for_tpu(),
             jax.default_device(dev),
             compile_log.for_tpu(),
@@ -358,7 +355,6 @@ def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id
             subject.fn,
             program_case,
             t,
-            context=subject.context,
             expect_mosaic=subject.expect_mosaic,
             compiled=(compiled or {}).get(t),
         )

@@ -66,13 +66,13 @@ def interpret_target() -> tuple[str, str]:
     return target, os.environ.get(SOURCE_ENV) or f"${ENV}"
 
 
-def choose(interpret_as: str | None, targets, options=("--tpu-interpret-as", "--tpu-targets")):
+def choose(interpret_as: str | None, targets, prefix: str = "--"):
     """A run's (target, source): interpret_as, else the first of its TPU targets, else None (the
-    default applies); the source is the option's name."""
+    default applies); the source is the option's flag, with the surface's `prefix`."""
     if interpret_as:
-        return interpret_as, options[0]
+        return interpret_as, f"{prefix}tpu-interpret-as"
     if targets:
-        return targets[0], options[1]
+        return targets[0], f"{prefix}tpu-targets"
     return None
 
 
@@ -204,7 +204,7 @@ def _device_answer(attribute: str, real):
 @functools.cache
 def install() -> None:
     """Wrap jax's public platform questions, jax.device_put and Pallas's two TPU queries once per
-    process (`_answer`, `_device_answer`); outside `tpu_host` they answer as before."""
+    process (`_answer`, `_device_answer`); outside `tpu_host` they answer as jax does."""
     import jax  # late: jax is heavy (the command line imports this module)
     from jax._src.pallas.mosaic import tpu_info  # the module Pallas's TPU queries ask through
 

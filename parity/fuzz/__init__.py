@@ -13,7 +13,7 @@ boundary_case). Each runs exactly as `parity run` runs a case: in a runner worke
 (`parity.execute.case.run_case`: oracle first, one record per backend, the comparator and `_tol`),
 with the per-backend timeout; a worker that hangs or dies costs that backend's record, which
 says so. The property is the gate's own verdict for the subject:
-    a candidate, with the reference (fla) among the backends   parity.judge.gate.evaluate: tolerance,
+    a candidate, with the reference (fla) among the backends   parity.judge.case.judge_case: tolerance,
                                                               the TPU <= GPU bound, NaN/Inf, error, timeout
     a candidate, without a reference                          its record's verdict (as `parity run`)
     no candidate, backends oracle,fla                         FLA's record: findings about the reference

@@ -17,12 +17,12 @@ DEFAULT_MAX_ELEMENTS = 2**18  # a few seconds per example in TPU interpret mode 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_SHRINK_TIME_S = 300.0
 # value variants run after each drawn case, on the programs compiled for it (cases.strategies.value_variant):
-# a new shape class costs its XLA compiles (2-9 s in TPU interpret mode on this 2-core CPU), a variant
+# a new shape class costs its XLA compiles (2-9 s in TPU interpret mode on a 2-core CPU), a variant
 # 0.1-1 s (the program's run alone). At most `variants`, while their time stays under `variant_share` x
-# the drawn case's own. Off by default: measured on simple_gla (T <= 256), 16 variants at share 1 give
-# ~1 example/s against ~0.2/s without (re-measured 2026-11-26: 54 examples of 13 shape classes in 63 s,
-# 0.86/s, against 24 in 61 s, 0.39/s; an earlier 132 in 60 s counted 69 repeated draws that the search
-# judges from memory, `cache_hits`, so 63 were run), but new shape classes come at a lower rate, and
+# the drawn case's own. Off by default: measured on simple_gla (T <= 256, 2 cores), 16 variants at
+# share 1 run 54 examples of 13 shape classes in 63 s (0.86/s) against 24 in 61 s (0.39/s) without
+# (repeated draws, which the search judges from memory, `cache_hits`, not counted), but new shape
+# classes come at a lower rate, and
 # the narrow shape bugs (parity.mutants.narrow) are found later or, within tests/test_fuzz.py's
 # budgets, not at all; variants are for value-triggered bugs (gate strength, seeds) on the shapes drawn.
 DEFAULT_VARIANTS = 0

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from cases import Case
-from parity.judge.gate import GateRefusal, evaluate
+from parity.judge.case import judge_case
 from parity.model.spec import REFERENCE
 from parity.records import RecordError, check_result, read_checked, result_path
 
@@ -74,11 +74,10 @@ def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.
         first_line = (rec.get("error") or "").strip().splitlines()[:1]
         return Judgement(rec["verdict"], first_line[0][:300] if first_line else "")
     if rec["side"] == "candidate" and REFERENCE in records:
-        try:
-            gate = evaluate({case.id: records}, factor, reference=REFERENCE)
-        except GateRefusal as e:
-            return Judgement("error", f"the gate refused the case: {e}")
-        entry = next(e for e in gate["cases"] if e["candidate"] == subject)
+        judged = judge_case(case.id, records, factor=factor, reference=REFERENCE)
+        if judged.refused:
+            return Judgement("error", f"the gate refused the case: {judged.refused}")
+        entry = judged.entry(subject)
         margins = {}
         for name, t in entry["tensors"].items():
             b = t.get("bound") or {}
@@ -91,7 +90,7 @@ def judge(case: Case, records: dict[str, dict], subject: str, factor: float = 1.
         bad = [
             f"{n} {t['verdict']}" for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported")
         ]
-        return Judgement(entry["verdict"], ", ".join(bad), margins, gate["reference_findings"])
+        return Judgement(entry["verdict"], ", ".join(bad), margins, list(judged.findings))
     margins = {
         n: {"eps/tol": _ratio(t.get("rel_rms"), t.get("tol")), "eps/bound": None}
         for n, t in rec["tensors"].items()

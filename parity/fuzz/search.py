@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing as mp
 import sys
 import time
 import uuid
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from cases import Case
 from cases.strategies import Space, boundary_case, shape_class, shrink_greedily, value_variant
 from parity.execute.backends import backend_name, parse_specs
+from parity.execute.pool import WorkerPool
 from parity.execute.runner import RunConfig
-from parity.execute.worker import _Worker
+from parity.execute.worker import CaseEnded, Done
 from parity.fuzz.config import FuzzConfig, applies_predicate, space_for
 from parity.fuzz.found import FOUND_FILE, read_found
 from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge, read_records
@@ -40,9 +39,9 @@ class _TimeUp(BaseException):
 
 # ------------------------------------------------------------------ running one case as parity run does
 class CaseRunner:
-    """One case at a time through a persistent runner worker (parity.execute.worker._worker_main, which
-    calls run_case); the per-backend timeout and the records of a worker that hangs or dies
-    as in run_cases (parity.execute.worker._Worker.poll and .fail). Records land in cfg.out_dir."""
+    """One case at a time through a persistent runner worker (a WorkerPool of one,
+    parity.execute.pool), with the per-backend timeout and the records of a worker that hangs or
+    dies as in run_cases. Records land in cfg.out_dir."""
 
     def __init__(self, out_dir: Path, specs: list[str], timeout_s: float, run_id: str):
         self.specs = parse_specs(list(specs))
@@ -57,50 +56,34 @@ class CaseRunner:
             progress=False,
             seeds=(SEEDS_MIN, SEEDS_MAX) if gated else (1, 1),
         )
-        self.ctx = mp.get_context("spawn")
-        self.worker = None
+        self.pool: WorkerPool | None = None
         self.timing: dict = {}  # the last case's, from the worker (run_case's timing and XLA compilations)
 
     def run(self, case: Case) -> list[dict]:
-        """The summary lines (parity.execute.case._summary_line) of every backend, oracle first."""
-
+        """The summary lines (parity.execute.case.summary_line) of every backend, oracle first."""
+        if self.pool is None:
+            self.pool = WorkerPool(1, self.cfg.out_dir, self.cfg.run_id, self.cfg.timeout_s, (), self.cfg.seeds)
         lines: list[dict] = []
         todo = list(self.specs)
         self.timing = {}
         while todo:
-            if self.worker is None:
-                self.worker = _Worker(self.ctx, Path(self.cfg.out_dir), self.cfg.run_id, (), self.cfg.seeds)
-            w = self.worker
-            w.give(case, todo)
-            while True:
-                event = w.poll(bool(wait([w.conn], timeout=1.0)), self.cfg.timeout_s)
-                if event is None:
-                    continue
-                kind, value = event
-                if kind == "done":
-                    lines.append(value)
-                    continue
-                if kind == "case":
-                    self.timing = value
-                    if w.retired:
-                        self.worker = None
-                    return lines
-                self.worker = None
-                failed, todo = w.fail(*value, self.cfg.timeout_s)
-                lines += failed
-                break
+            self.pool.give(case, todo)
+            todo = []
+            while self.pool.busy:
+                for _, event in self.pool.events(wait_s=1.0):
+                    if isinstance(event, Done):
+                        lines.append(event.line)
+                    elif isinstance(event, CaseEnded):
+                        self.timing = event.timing
+                    else:  # Failed: a fresh worker runs the backends left
+                        lines += event.records
+                        todo = list(event.left)
         return lines
 
     def close(self) -> None:
-        if self.worker is not None:
-            try:
-                self.worker.conn.send(None)
-                self.worker.proc.join(10)
-            except (OSError, BrokenPipeError):
-                pass
-            if self.worker.proc.is_alive():
-                self.worker.kill()
-            self.worker = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
 
 # ------------------------------------------------------------------ one search

@@ -6,11 +6,9 @@ parity.html.rows (table rows, details, summary) and parity.html.compile_view (TP
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
-import statistics
 import sys
 import time
 from importlib import resources
@@ -19,8 +17,9 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from parity.html.compile_view import compile_summary, compile_target_order
+from parity.html.compile_view import compile_section, compile_target_order
 from parity.html.rows import backend_order, bound_points, case_detail, case_row, gate_per_case, summary
+from parity.judge.diff import ratio_summary
 from parity.records import VERDICT_ORDER, load_latest, read_json
 
 PLOTLY_JS = "plotly.min.js"
@@ -75,7 +74,7 @@ def build_report(dirs: list[Path]) -> dict:
         for row in rows
     ]
     s = summary(rows, by_case, backends, gate, dirs, [])
-    s["compile"] = compile_summary(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
+    s["compile"] = compile_section(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
     s["compile_records"] = sum(len(v) for v in compiles.values())
     return {
         "summary": s,
@@ -177,12 +176,10 @@ def write_diff_page(result: dict, out: Path) -> Path:
     """The `parity diff` result (parity.judge.diff.diff_runs) as one self-contained page."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    finite = sorted(r["ratio"] for r in result["rows"] if r["ratio"] is not None and math.isfinite(r["ratio"]))
-    ratios = {"median": statistics.median(finite), "max": finite[-1]} if finite else None
     html = (
         _env()
         .get_template("diff.html.j2")
-        .render(d=result, ratios=ratios, generated=time.strftime("%Y-%m-%d %H:%M:%S%z"))
+        .render(d=result, ratios=ratio_summary(result["rows"]), generated=time.strftime("%Y-%m-%d %H:%M:%S%z"))
     )
     tmp = out.with_name(f".tmp-{out.name}")
     tmp.write_text(html)

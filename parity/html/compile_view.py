@@ -1,12 +1,10 @@
 """The TPU compile records (kind "compile": a candidate compiled for TPU targets on a CPU host,
-nothing executed) as the page shows them: the index's compile matrix (`compile_summary`), the case
+nothing executed) as the page shows them: the index's compile section (`compile_section`), the case
 table's compile column (`compile_cell`) and the detail view's compile section (`compile_detail`)."""
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter
-
+from parity.judge.compiles import CompileFigures, compile_figures
 from parity.records import VERDICT_ORDER
 
 COMPILE_LABEL = "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed)"
@@ -66,92 +64,75 @@ def compile_cell(rec: dict | None) -> dict | None:
     return {k: v for k, v in cell.items() if v is not None}
 
 
-def compile_summary(
+def _matrix_row(rec: dict, index: dict[str, int]) -> dict:
+    """One (case, candidate) row of the compile matrix: a cell per target (ok, seconds, error line,
+    numerics mismatches)."""
+    cells = {}
+    for t, e in _targets(rec).items():
+        ok, s = bool(e.get("ok")), e.get("seconds")
+        cells[t] = {
+            "ok": ok,
+            "s": f"{s:.2f}" if isinstance(s, (int, float)) else "?",
+            "err": None if ok else _error_line(e),
+            "mm": len(_mismatches(e)) if ok else 0,
+        }
+    return {
+        "n": index.get(rec["case_id"]),
+        "id": rec["case_id"],
+        "backend": rec["backend"],
+        "verdict": rec["verdict"],
+        "program": rec.get("program", ""),
+        "cells": cells,
+    }
+
+
+def _seconds(f: CompileFigures) -> dict | None:
+    """Compile time per (case, candidate, target): the judge's median, the slowest and where."""
+    if not f.slowest:
+        return None
+    s, case_id, backend, target = f.slowest
+    return {"n": len(f.seconds), "median": f.median_seconds, "max": s, "max_at": f"{case_id} / {backend} / {target}"}
+
+
+def compile_section(
     compile_by_case: dict, index: dict[str, int], targets: list[str], gate_section: dict | None
 ) -> dict | None:
     """The index page's TPU compile section: the matrix (failures first), counts per target, compile
-    seconds, the largest VMEM use, the versions and where it ran; None without compile records."""
-    if not compile_by_case:
+    seconds, the largest VMEM use (the judge's figures, parity.judge.compiles), the versions and
+    where it ran; None without compile records."""
+    f = compile_figures(compile_by_case)
+    if f is None:
         return None
-    matrix, seconds, vmem = [], [], None
-    by_target = {t: Counter() for t in targets}
     recs = [r for cid in sorted(compile_by_case) for _, r in sorted(compile_by_case[cid].items())]
-    for r in recs:
-        cells = {}
-        for t, e in _targets(r).items():
-            ok = bool(e.get("ok"))
-            by_target[t]["pairs"] += 1
-            by_target[t]["ok" if ok else "failed"] += 1
-            if ok and _mismatches(e):
-                by_target[t]["mismatch"] += 1
-            s = e.get("seconds")
-            if isinstance(s, (int, float)):
-                seconds.append((s, r["case_id"], r["backend"], t))
-            for kernel, info in (e.get("mosaic") or {}).items():
-                b = (info or {}).get("vmem_bytes")
-                if isinstance(b, (int, float)) and (vmem is None or b > vmem["bytes"]):
-                    vmem = {
-                        "bytes": b,
-                        "text": _bytes(b),
-                        "kernel": kernel,
-                        "case": r["case_id"],
-                        "backend": r["backend"],
-                        "target": t,
-                    }
-            cells[t] = {
-                "ok": ok,
-                "s": f"{s:.2f}" if isinstance(s, (int, float)) else "?",
-                "err": None if ok else _error_line(e),
-                "mm": len(_mismatches(e)) if ok else 0,
-            }
-        matrix.append(
-            {
-                "n": index.get(r["case_id"]),
-                "id": r["case_id"],
-                "backend": r["backend"],
-                "verdict": r["verdict"],
-                "program": r.get("program", ""),
-                "cells": cells,
-            }
-        )
     rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
-    matrix.sort(key=lambda m: rank.get(m["verdict"], 0))  # stable: failures first, then by case id
-    pairs = len(recs)
+    matrix = sorted((_matrix_row(r, index) for r in recs), key=lambda m: rank.get(m["verdict"], 0))  # failures first
+    counts = {t: f.by_target.get(t, {}) for t in targets}
     failures = [
         f"{c['failed']} of {c['pairs']} (case, candidate) pairs fail on {t}"
-        for t, c in by_target.items()
-        if c["failed"]
+        for t, c in counts.items()
+        if c.get("failed")
     ]
     mismatches = [
         f"{c['mismatch']} of {c['pairs']} (case, candidate) pairs compiled on {t} use other matmul classes "
         "than the numerics model"
-        for t, c in by_target.items()
-        if c["mismatch"]
+        for t, c in counts.items()
+        if c.get("mismatch")
     ]
-    secs = sorted(x[0] for x in seconds)
-    slowest = max(seconds) if seconds else None
+    vmem = f.largest_vmem and {**f.largest_vmem, "text": _bytes(f.largest_vmem["bytes"])}
     versions = lambda key: sorted({str(r.get(key)) for r in recs if r.get(key)})  # noqa: E731
     return {
         "label": COMPILE_LABEL,
         "targets": targets,
-        "pairs": pairs,
+        "pairs": f.pairs,
         "rows": matrix,
-        "failed_pairs": sum(1 for r in recs if any(not e.get("ok") for e in _targets(r).values())),
+        "failed_pairs": f.failed_pairs,
         "by_target": [
-            {"target": t, **{k: c.get(k, 0) for k in ("pairs", "ok", "failed", "mismatch")}}
-            for t, c in by_target.items()
+            {"target": t, **{k: c.get(k, 0) for k in ("pairs", "ok", "failed", "mismatch")}} for t, c in counts.items()
         ],
         "failures": failures,
         "mismatches": mismatches,
-        "numerics_errors": sum(1 for r in recs for e in _targets(r).values() if (e.get("numerics") or {}).get("error")),
-        "seconds": {
-            "n": len(secs),
-            "median": statistics.median(secs),
-            "max": slowest[0],
-            "max_at": f"{slowest[1]} / {slowest[2]} / {slowest[3]}",
-        }
-        if secs
-        else None,
+        "numerics_errors": f.numerics_errors,
+        "seconds": _seconds(f),
         "vmem": vmem,
         "libtpu": versions("libtpu"),
         "jax": versions("jax"),

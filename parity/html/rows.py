@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail, worst_page_verdict
-from parity.judge.gate import GateRefusal, evaluate
+from parity.judge.case import judge_case
 from parity.judge.summary import margin_line, margin_of, smallest_margin
 from parity.measure.compare import describe_localisation
 from parity.measure.compute_error import MARGIN
@@ -26,10 +26,10 @@ def _ordered_counts(counter: Counter) -> dict:
 
 
 def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) -> tuple[dict[str, dict], dict]:
-    """The gate (parity.judge.gate.evaluate) case by case, so that one refused case does not hide
-    the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall outcome.
-    TPU compile records join as they do in `parity gate` (compile-error, numerics-mismatch);
-    without both sides' results only the compile records are judged."""
+    """The gate's judgement (parity.judge.case.judge_case) of each case, so that one refused case
+    does not hide the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall
+    outcome. TPU compile records join as they do in `parity gate` (compile-error,
+    numerics-mismatch); without both sides' results only the compile records are judged."""
     compiles = compiles or {}
     per_case: dict[str, dict] = {}
     has_ref = any(r["side"] == "reference" for recs in by_case.values() for r in recs.values())
@@ -42,21 +42,15 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
     failures, refused, counts = 0, [], Counter()
     for cid in sorted(set(by_case) | set(compiles)):
-        recs = by_case.get(cid, {}) if note is None else {}
-        try:
-            g = evaluate(
-                {cid: recs} if recs else {},
-                factor,
-                REFERENCE,
-                compiles={cid: compiles[cid]} if cid in compiles else None,
-            )
-        except GateRefusal as e:
-            per_case[cid] = {"refused": str(e)}
-            refused.append(str(e))
+        recs = None if note else (by_case.get(cid) or None)  # None: its compile records only
+        j = judge_case(cid, recs, compiles.get(cid), factor, REFERENCE)
+        if j.refused:
+            per_case[cid] = {"refused": j.refused}
+            refused.append(j.refused)
             continue
-        per_case[cid] = {c["candidate"]: c for c in g["cases"]}
-        failures += len(g["failures"])
-        counts.update(c["verdict"] for c in g["cases"])
+        per_case[cid] = {e["candidate"]: e for e in j.entries}
+        failures += len(j.failures) + len(j.compile_failures)
+        counts.update(e["verdict"] for e in j.entries)
     status = "refused" if refused else ("pass" if failures == 0 else "fail")
     margin = smallest_margin([e for g in per_case.values() for k, e in g.items() if k != "refused"])
     return per_case, {

@@ -1,9 +1,13 @@
 """Layer 6, judgement: verdicts over records that any machine wrote.
 
-    gate.py             merge runs, the TPU <= GPU bound per case and tensor, compile verdicts
+    case.py             judge_case: one case's verdict per candidate and tensor (the TPU <= GPU
+                        bound, compile verdicts), its Failures; a pure function of its records
+    gate.py             evaluate: judge_case over merged runs, collected into gate.json
+    compiles.py         TPU compile records: what fails one, the figures of a run's compiles
     load.py             read runs against their manifests: what the gate sees, or GateRefusal
     summary.py          the gate's verdict as text
     diff.py             eps_new / eps_base between two runs of the same cases
+    power.py            how often the bound catches an error of a known size
 
 Imports: model, measure, records (never execution: the gate reads records, it runs nothing).
 """

@@ -14,6 +14,7 @@ The oracle's records carry no error and are not compared.
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from parity.records import VERDICT_ORDER, RecordError, load_latest
@@ -119,6 +120,15 @@ def _row(case_id, backend, tensor, v_base, v_new, e_base, e_new, max_ratio) -> d
     }
 
 
+def ratio_summary(rows: list[dict]) -> dict | None:
+    """{"n", "median", "min", "max"} of the rows' finite ratios eps_new / eps_base (the terminal
+    and the diff page print these); None when no row has one."""
+    finite = sorted(r["ratio"] for r in rows if r["ratio"] is not None and math.isfinite(r["ratio"]))
+    if not finite:
+        return None
+    return {"n": len(finite), "median": statistics.median(finite), "min": finite[0], "max": finite[-1]}
+
+
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
@@ -135,11 +145,11 @@ def format_diff(result: dict, verbose: bool = False) -> str:
             f"{r['case_id']:60s} {r['backend']:14s} {r['tensor'] or '-':8s} {_fmt(r['eps_base']):>9s} "
             f"{_fmt(r['eps_new']):>9s} {_fmt(r['ratio']):>7s}  {verdict}" + ("   FLAGGED" if r["flagged"] else "")
         )
-    ratios = sorted(r["ratio"] for r in result["rows"] if r["ratio"] is not None and math.isfinite(r["ratio"]))
+    ratios = ratio_summary(result["rows"])
     if ratios:
         lines.append(
-            f"{len(result['rows'])} tensors compared: ratio eps_new / eps_base median {ratios[len(ratios) // 2]:.3g}, "
-            f"min {ratios[0]:.3g}, max {ratios[-1]:.3g}"
+            f"{len(result['rows'])} tensors compared: ratio eps_new / eps_base median {ratios['median']:.3g}, "
+            f"min {ratios['min']:.3g}, max {ratios['max']:.3g}"
         )
     if result["only_new"]:
         lines.append(

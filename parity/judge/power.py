@@ -1,4 +1,4 @@
-"""`parity power DIR`: the gate's power against controlled degradations (issue 28).
+"""`parity power DIR`: the gate's power against controlled degradations.
 
 For every case whose reference (FLA) record is in DIR (with every seed a verdict may use: up to 64
 for a case with a tensor of one block per seed; benchmarks/power_ci.py runs each case of a suite on

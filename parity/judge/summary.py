@@ -125,11 +125,16 @@ def margin_line(m: dict) -> str:
     )
 
 
+def _seconds(x) -> str:
+    return "n/a" if x is None else f"{x:.2f} s"
+
+
 def format_compile_summary(c: dict) -> str:
+    """The compile summary (parity.judge.compiles.compile_summary) in one line."""
     per = ", ".join(f"{t} {v['ok']} ok/{v['failed']} failed" for t, v in sorted(c["by_target"].items()))
     vmem = f"{c['max_vmem_bytes'] / 2**20:.2f} MiB ({c['max_vmem_where']})" if c.get("max_vmem_where") else "n/a"
     return (
         f"  TPU compile (on this host, nothing executed): {c['pairs']} case/candidate pairs, {c['ok']} ok, "
-        f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {c['median_seconds']:.2f} s, "
-        f"max {c['max_seconds']:.2f} s; largest kernel VMEM operands {vmem}"
+        f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {_seconds(c['median_seconds'])}, "
+        f"max {_seconds(c['max_seconds'])}; largest kernel VMEM operands {vmem}"
     )

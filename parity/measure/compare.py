@@ -1,6 +1,6 @@
 """The one comparison function of the project: a tensor against the float64 oracle.
 
-`compare_tensor(case, name, x, ref, scale)` returns the metrics record of shared/DESIGN.md:
+`compare_tensor(case, name, x, ref, scale)` returns one tensor's metrics record:
     rel_rms          ||x - r||_2 / ||r||_2 over elements where both are finite (primary); the
                      absolute rms error where the oracle is identically zero; given the oracle's
                      error scale (dg_gamma, a sum over tokens: references.error_scales),
@@ -150,31 +150,9 @@ def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite
     refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
     along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
     (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'.
-    State tensors [N, H, K, V] give the first sequence and head over the limit and
-    'one-sequence' or 'all-sequences'; [H] tensors
-    (dg_gamma) the first head and 'one-head' or 'heads'."""
+    State-like tensors: see _localise_rows."""
     if name not in TIME_TENSORS:
-        grid = rec.get("row_heatmap")
-        if not grid:
-            return {}
-        heat = _grid(grid)
-        bad = np.nan_to_num(heat, nan=np.inf) > np.asarray(limit)
-        if not bad.any():
-            return {"against": against, "pattern": "uniform"}
-        n, h = map(int, np.argwhere(bad)[0])
-        if len(rec.get("shape", [])) == 1:  # [H]: per head only
-            return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads"}
-        rows_bad = int(bad.any(1).sum())
-        return {
-            "against": against,
-            "sequence": n,
-            "head": h,
-            "pattern": "one-sequence"
-            if rows_bad == 1 and len(grid) > 1
-            else "all-sequences"
-            if len(grid) > 1
-            else "state",
-        }
+        return _localise_rows(rec, limit, against)
     profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
     if not profile:
         return {}
@@ -189,38 +167,70 @@ def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite
         c = int(np.argwhere(bad)[0][0])
         row = np.where(bad[c], np.nan_to_num(heat[c], nan=np.inf) / limit_heat[c], -np.inf)
         loc.update(first_chunk=c, first_t=c * case.chunk_size, head=int(np.argmax(row)))
-    finite = prof[np.isfinite(prof)]
-    if finite.size == 0:
+    if not np.isfinite(prof).any():
         loc["pattern"] = "non-finite"
         return loc
     # a chunk is over when any of its heads is (a per-head limit makes the profile alone unfit)
     over = bad.any(1)
-    n = len(prof)
     sequences = rec.get("sequences")
     if sequences and len(sequences) > 1 and over.any():
-        seq = _vec(sequences, np.inf)
-        seq_bad = np.flatnonzero(seq > np.asarray(limit if seq_limit is None else seq_limit, np.float64))
-        if len(seq_bad) == 1:
-            loc["pattern"] = "one-sequence"
-            loc["sequence"] = int(seq_bad[0])
+        loc.update(_sequence_pattern(sequences, limit if seq_limit is None else seq_limit))
+        if "pattern" in loc:
             return loc
-        if 0 < len(seq_bad) < len(sequences):  # e.g. state leaking from one packed sequence into the next
-            loc["pattern"] = "some-sequences"
-            loc["sequences"] = [int(i) for i in seq_bad]
-            return loc
-    if n == 1:
-        loc["pattern"] = "single-chunk"
-    elif n >= 3 and over.sum() == 1 and over[0]:
-        loc["pattern"] = "first-chunk"
-    elif n >= 4 and np.all(np.diff(np.nan_to_num(prof, nan=0.0)) >= -1e-12 * finite.max()) and prof[-1] > 2 * prof[0]:
-        loc["pattern"] = "drift"
-    elif n >= 3 and 0 < over.sum() <= max(1, n // 4):
-        loc["pattern"] = "local"
-    elif n >= 3 and over.sum() == n - 1 and not over[0]:
-        loc["pattern"] = "after-first-chunk"
-    else:
-        loc["pattern"] = "uniform"
+    loc["pattern"] = _chunk_pattern(prof, over)
     return loc
+
+
+def _localise_rows(rec: dict, limit, against: str) -> dict:
+    """`_localise` of a state-like tensor, from its row_heatmap: [N, H, K, V] states give the first
+    sequence and head over `limit` ('one-sequence', 'all-sequences', or 'state' for one row);
+    [H] tensors the first head ('one-head' or 'heads')."""
+    grid = rec.get("row_heatmap")
+    if not grid:
+        return {}
+    heat = _grid(grid)
+    bad = np.nan_to_num(heat, nan=np.inf) > np.asarray(limit)
+    if not bad.any():
+        return {"against": against, "pattern": "uniform"}
+    n, h = map(int, np.argwhere(bad)[0])
+    if len(rec.get("shape", [])) == 1:  # [H]: per head only
+        return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads"}
+    if len(grid) == 1:
+        pattern = "state"
+    else:
+        pattern = "one-sequence" if int(bad.any(1).sum()) == 1 else "all-sequences"
+    return {"against": against, "sequence": n, "head": h, "pattern": pattern}
+
+
+def _sequence_pattern(sequences: list, limit) -> dict:
+    """Over `limit` (a scalar, or one per sequence) in one packed sequence of a varlen batch
+    ({"pattern": "one-sequence", "sequence"}) or in some but not all ({"pattern": "some-sequences",
+    "sequences"}: e.g. state leaking from one packed sequence into the next); {} otherwise."""
+    seq_bad = np.flatnonzero(_vec(sequences, np.inf) > np.asarray(limit, np.float64))
+    if len(seq_bad) == 1:
+        return {"pattern": "one-sequence", "sequence": int(seq_bad[0])}
+    if 0 < len(seq_bad) < len(sequences):
+        return {"pattern": "some-sequences", "sequences": [int(i) for i in seq_bad]}
+    return {}
+
+
+def _chunk_pattern(prof: np.ndarray, over: np.ndarray) -> str:
+    """The shape of a time tensor's error along T from its profile (rel error per chunk, with a
+    finite value) and which chunks are over the limit: 'single-chunk', 'first-chunk', 'drift',
+    'local', 'after-first-chunk' or 'uniform' (the first that fits, in that order)."""
+    n = len(prof)
+    finite_max = prof[np.isfinite(prof)].max()
+    if n == 1:
+        return "single-chunk"
+    if n >= 3 and over.sum() == 1 and over[0]:
+        return "first-chunk"
+    if n >= 4 and np.all(np.diff(np.nan_to_num(prof, nan=0.0)) >= -1e-12 * finite_max) and prof[-1] > 2 * prof[0]:
+        return "drift"
+    if n >= 3 and 0 < over.sum() <= max(1, n // 4):
+        return "local"
+    if n >= 3 and over.sum() == n - 1 and not over[0]:
+        return "after-first-chunk"
+    return "uniform"
 
 
 def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) -> dict:
@@ -296,6 +306,67 @@ def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
     }
 
 
+def _epsilon(err2: np.ndarray, num: float, den: float, scale) -> float:
+    """rel_rms from the squared error `err2` (num = ||x - r||, den = ||r||): num / den; the absolute
+    rms error where the oracle is identically zero (the gate gradient when every sequence is one
+    token and there is no initial state: its inputs are of unit scale, and rounding noise over a
+    zero norm would read inf); given `scale`, rms(error / scale), absolute where the scale is zero
+    (the sum and all its terms zero)."""
+    if scale is not None:
+        s = np.broadcast_to(np.asarray(scale, np.float64), err2.shape)
+        return math.sqrt(float(np.mean(err2 / np.where(s > 0, s, 1.0) ** 2))) if err2.size else 0.0
+    return num / math.sqrt(max(1, err2.size)) if den == 0 else num / den
+
+
+def _worst(x: np.ndarray, r: np.ndarray, absd: np.ndarray, both: np.ndarray, ref_ok: np.ndarray) -> list[dict]:
+    """The N_WORST elements, non-finite ones (where the oracle is finite) first, then by |x - r|:
+    [{"index", "value", "oracle"}]."""
+    score = np.where(both, absd, np.where(ref_ok, np.inf, -1.0)).ravel()
+    order = np.argsort(-score, kind="stable")[:N_WORST]
+    return [
+        {
+            "index": [int(i) for i in np.unravel_index(j, x.shape)],
+            "value": _num(x.ravel()[j]),
+            "oracle": _num(r.ravel()[j]),
+        }
+        for j in order
+    ]
+
+
+def _error_shape(case, name: str, err2: np.ndarray, ref2: np.ndarray, nonfinite: np.ndarray) -> dict:
+    """Where the error sits: time tensors {"profile", "heatmap", "sequences"} (per chunk, per chunk and
+    head, per packed sequence); state-like [N, H, K, V] or [H] tensors {"profile"} per leading row, and
+    {"row_heatmap"} per (row, head). NaN/Inf elements count as infinite error in sequences and
+    row_heatmap."""
+    if name in TIME_TENSORS:
+        profile, heatmap = _chunk_errors(err2, ref2, case.chunk_size)
+        sequences = _sequence_errors(np.where(nonfinite, np.inf, err2), ref2, case)  # None: NaN/Inf
+        return {"profile": profile, "heatmap": heatmap, "sequences": sequences}
+    rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
+    out: dict = {"profile": [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]}
+    if err2.ndim in (1, 4):  # [N, H, K, V] states, or [H] (dg_gamma): one row of heads
+        e = np.where(nonfinite, np.inf, err2)
+        out["row_heatmap"] = _row_head_errors(e, ref2) if err2.ndim == 4 else _row_head_errors(e[None], ref2[None])
+    return out
+
+
+def _verdict(nan: int, inf: int, eps: float, tolerance: float) -> str:
+    """pass | fail-accuracy (rel_rms over tolerance, or NaN) | nan-inf (x is NaN/Inf where the oracle is finite)."""
+    if nan or inf:
+        return "nan-inf"
+    return "fail-accuracy" if not eps <= tolerance else "pass"
+
+
+def _tol_localisation(case, name: str, rec: dict, err2, ref2, nonfinite) -> dict:
+    """`localise` against the tolerance, the first bad token refined from the elements."""
+    tolerance = rec["tol"]
+    cells = _chunk_sums(nonfinite, case.chunk_size) > 0 if name in TIME_TENSORS else None
+    loc = localise(case, name, rec, tolerance, "tol", cells)
+    if "first_chunk" in loc:
+        loc["first_t"] = _first_bad_token(case, err2, ref2, nonfinite, loc, tolerance)
+    return loc
+
+
 def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
     """Metrics of `x` (any float dtype) against the float64 oracle `ref` for tensor `name`.
     rel_rms = rms((x - ref) / s): s is ref's rms (||x - ref|| / ||ref||), or, given `scale` (the
@@ -314,78 +385,40 @@ def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
     r0 = np.where(ref_ok, r, 0.0)
     err2, ref2 = diff**2, r0**2
     den = math.sqrt(float(ref2.sum()))
-    num = math.sqrt(float(err2.sum()))
-    # an identically zero oracle (the gate gradient when every sequence is one token and there is no
-    # initial state) has no relative error: its epsilon is the absolute rms error, the inputs being of
-    # unit scale (parity fuzz found rounding noise of 2.6e-8 failed as inf: simple_gla-fwdbwd-B1-T1-...)
-    if scale is not None:  # a zero scale (the sum and all its terms zero): the error is absolute there
-        s = np.broadcast_to(np.asarray(scale, np.float64), r.shape)
-        eps = math.sqrt(float(np.mean(err2 / np.where(s > 0, s, 1.0) ** 2))) if r.size else 0.0
-    else:
-        eps = num / math.sqrt(max(1, r.size)) if den == 0 else num / den
+    eps = _epsilon(err2, math.sqrt(float(err2.sum())), den, scale)
     absd = np.abs(diff)
     max_abs = float(absd.max()) if absd.size else 0.0
     rms_r = den / math.sqrt(max(1, r.size))
     odt = output_dtype(case, name)
     ulps = absd / _ulp(r0, odt)
     rounded = r0.astype(NP_DTYPES[odt]).astype(np.float64)
-    blocks = error_blocks(name, x, r, rounded, scale)
-    # worst elements: non-finite ones first, then by |x - r|
-    score = np.where(both, absd, np.where(ref_ok, np.inf, -1.0)).ravel()
-    order = np.argsort(-score, kind="stable")[:N_WORST]
-    worst = [
-        {
-            "index": [int(i) for i in np.unravel_index(j, x.shape)],
-            "value": _num(x.ravel()[j]),
-            "oracle": _num(r.ravel()[j]),
-        }
-        for j in order
-    ]
     tolerance = tol(case, name)
     rec = {
         "dtype": odt,
         "shape": list(x.shape),
-        "rel_rms": eps,
+        "rel_rms": _num(eps),
         "max_abs": max_abs,
-        "max_abs_over_rms": max_abs / rms_r if rms_r > 0 else (0.0 if max_abs == 0 else math.inf),
+        "max_abs_over_rms": _num(max_abs / rms_r if rms_r > 0 else (0.0 if max_abs == 0 else math.inf)),
         "max_ulp": float(ulps.max()) if ulps.size else 0.0,
         "nan": nan,
         "inf": inf,
         "oracle_nonfinite": int(np.sum(~ref_ok)),
         "oracle_rms": rms_r,
         "oracle_max_abs": float(np.abs(r0).max(initial=0.0)),
-        "worst": worst,
+        "worst": _worst(x, r, absd, both, ref_ok),
         "floor_rel": rel_rms(rounded, r0),
         "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
         "tol": tolerance,
-        "blocks": blocks,
+        "blocks": error_blocks(name, x, r, rounded, scale),
     }
     if scale is not None:
         rec["error_scale"] = [float(v) for v in np.ravel(scale)]
     nonfinite = ~x_ok & ref_ok
-    if name in TIME_TENSORS:
-        rec["profile"], rec["heatmap"] = _chunk_errors(err2, ref2, case.chunk_size)
-        rec["sequences"] = _sequence_errors(np.where(nonfinite, np.inf, err2), ref2, case)  # None: NaN/Inf
-    else:  # state-like [N, H, K, V] or [H]: one value per leading row (and per head)
-        rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
-        rec["profile"] = [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]
-        if err2.ndim in (1, 4):  # [N, H, K, V] states, or [H] (dg_gamma): one row of heads
-            e = np.where(nonfinite, np.inf, err2)
-            rec["row_heatmap"] = _row_head_errors(e, ref2) if err2.ndim == 4 else _row_head_errors(e[None], ref2[None])
-    if nan or inf:
-        rec["verdict"] = "nan-inf"
-    elif not eps <= tolerance:
-        rec["verdict"] = "fail-accuracy"
-    else:
-        rec["verdict"] = "pass"
-    rec["rel_rms"], rec["max_abs_over_rms"] = _num(rec["rel_rms"]), _num(rec["max_abs_over_rms"])
+    rec.update(_error_shape(case, name, err2, ref2, nonfinite))
+    rec["verdict"] = _verdict(nan, inf, eps, tolerance)
     rec["localisation"] = {}
     if rec["verdict"] != "pass":
-        cells = _chunk_sums(nonfinite, case.chunk_size) > 0 if name in TIME_TENSORS else None
-        loc = localise(case, name, rec, tolerance, "tol", cells)
-        if "first_chunk" in loc:
-            loc["first_t"] = _first_bad_token(case, err2, ref2, nonfinite, loc, tolerance)
-        rec["localisation"] = loc
+        rec["localisation"] = _tol_localisation(case, name, rec, err2, ref2, nonfinite)
     return rec
 
 
@@ -396,8 +429,8 @@ def _num(v) -> float | None:
 
 
 def seed_figures(t: dict) -> list[dict]:
-    """A tensor record's per-seed figures [{"seed", "input_hash", "err2", "floor2", ...}]; a record from
-    before seeds (compare_tensor's own, in tests) is its one seed."""
+    """A tensor record's per-seed figures [{"seed", "input_hash", "err2", "floor2", ...}]; a record
+    without seeds (compare_tensor's own, as tests make them) is its one seed."""
     if "seeds" in t:
         return t["seeds"]
     if "blocks" not in t:
@@ -448,51 +481,59 @@ def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN
     verdict = "fail-bound" if cand_nonfinite else "pass"
     out["rel_rms"] = {"candidate": cand.get("rel_rms"), "reference": ref.get("rel_rms"), "limit": None, "ratio": None}
     if not (ref_nonfinite or cand_nonfinite or ref.get("rel_rms") is None):
-        cs, rs = common_seeds(cand, ref)
-        if not cs:
-            out["compute"] = None
-            out["note"] = "no seed with figures in both records"
-            verdict = "inconclusive"
-        else:
-            j = judge(cs, rs, factor)
-            j["seed_list"] = [s["seed"] for s in cs]
-            j["state"] = verdict_after(j, seeds_min, seeds_max)
-            out["compute"] = j
-            if j["method"] == "ratio":
-                out["rel_rms"] = {
-                    "candidate": j["c_candidate"],
-                    "reference": j["c_reference"],
-                    "limit": factor * j["c_reference"],
-                    "ratio": j["ratio"],
-                }
-            else:
-                out["rel_rms"] = {
-                    "candidate": j["eps_candidate"],
-                    "reference": j["eps_reference"],
-                    "limit": j["limit"],
-                    "ratio": j["eps_candidate"] / j["eps_reference"] if j["eps_reference"] > 0 else None,
-                }
-            verdict = {"pass": "pass", "fail": "fail-bound"}.get(j["state"], "inconclusive")
-            if j["state"] == "more":
-                out["note"] = (
-                    f"{j['seeds']} seed(s) in both records leave it undecided; the seed policy asks for "
-                    f"{seeds_min} to {seeds_max}"
-                )
-    c, r = cand.get("max_abs"), ref.get("max_abs")
-    if c is None or r is None or own_nonfinite:
-        out["max_abs"] = {"candidate": c, "reference": r, "limit": None, "ratio": None}
-        if c is None:
-            verdict = "fail-bound"
-    else:
-        limit = factor * (1 + MAX_ABS_MARGIN) * r + ref["floor_abs"]
-        out["max_abs"] = {
-            "candidate": c,
-            "reference": r,
-            "limit": limit,
-            "ratio": c / r if r > 0 else (0.0 if c == 0 else None),
-        }
-        if not c <= limit:
-            verdict = "fail-bound"
+        compute, verdict = _compute_bound(cand, ref, factor, seeds_min, seeds_max)
+        out.update(compute)
+    out["max_abs"] = _max_abs_bound(cand, ref, factor, own_nonfinite)
+    c, limit = out["max_abs"]["candidate"], out["max_abs"]["limit"]
+    if c is None or (limit is not None and not c <= limit):
+        verdict = "fail-bound"
     out["verdict"] = verdict
     out["ok"] = verdict == "pass"
     return out
+
+
+def _compute_bound(cand: dict, ref: dict, factor: float, seeds_min: int, seeds_max: int) -> tuple[dict, str]:
+    """The compute error judged over the seeds both records hold: ({"compute", "rel_rms" (the judged
+    figures: c_ or eps_ candidate and reference, limit, ratio), "note" (when undecided)}, verdict)."""
+    cs, rs = common_seeds(cand, ref)
+    if not cs:
+        return {"compute": None, "note": "no seed with figures in both records"}, "inconclusive"
+    j = judge(cs, rs, factor)
+    j["seed_list"] = [s["seed"] for s in cs]
+    j["state"] = verdict_after(j, seeds_min, seeds_max)
+    out: dict = {"compute": j}
+    if j["method"] == "ratio":
+        out["rel_rms"] = {
+            "candidate": j["c_candidate"],
+            "reference": j["c_reference"],
+            "limit": factor * j["c_reference"],
+            "ratio": j["ratio"],
+        }
+    else:
+        out["rel_rms"] = {
+            "candidate": j["eps_candidate"],
+            "reference": j["eps_reference"],
+            "limit": j["limit"],
+            "ratio": j["eps_candidate"] / j["eps_reference"] if j["eps_reference"] > 0 else None,
+        }
+    if j["state"] == "more":
+        out["note"] = (
+            f"{j['seeds']} seed(s) in both records leave it undecided; the seed policy asks for "
+            f"{seeds_min} to {seeds_max}"
+        )
+    return out, {"pass": "pass", "fail": "fail-bound"}.get(j["state"], "inconclusive")
+
+
+def _max_abs_bound(cand: dict, ref: dict, factor: float, own_nonfinite: bool) -> dict:
+    """{"candidate", "reference", "limit", "ratio"} of max_abs on the case's own seed; limit
+    factor * (1 + MAX_ABS_MARGIN) * max_abs_r + floor_abs, None where either max_abs is missing or
+    the reference is NaN/Inf there."""
+    c, r = cand.get("max_abs"), ref.get("max_abs")
+    if c is None or r is None or own_nonfinite:
+        return {"candidate": c, "reference": r, "limit": None, "ratio": None}
+    return {
+        "candidate": c,
+        "reference": r,
+        "limit": factor * (1 + MAX_ABS_MARGIN) * r + ref["floor_abs"],
+        "ratio": c / r if r > 0 else (0.0 if c == 0 else None),
+    }

@@ -34,8 +34,8 @@ interval's square roots:
                                                   zone's edge: a tie passes, 1.25x does not)
     else undecided: more seeds, up to the limit; then `inconclusive`.
 Before SEEDS_MIN seeds a verdict is taken only far from the bound (`verdict_after`): pass when
-hi <= factor, fail when lo > factor * (1 + MARGIN). MARGIN is the power target of issue 28
-(r_95 <= 1.25).
+hi <= factor, fail when lo > factor * (1 + MARGIN). MARGIN is the power target that `parity power`
+checks (r_95 <= 1.25).
 
 How long a tensor may stay undecided is counted in blocks, not seeds: the interval's width goes
 with the number of blocks m, and a tensor with many blocks per seed (8 column groups x rows x
@@ -57,9 +57,10 @@ candidate is held to factor^2 x that on its own blocks, with the same indifferen
           or eps_c > (factor * eps_r + floor) * (1 + MARGIN)
     else undecided: more seeds, so that the reference's compute error may be resolved and the
           ratio decide; at the end of the seeds the zone passes.
-The limit on epsilons alone (the rule before) let a candidate with twice FLA's compute error pass
-where that error is a few percent of the bf16 rounding (gla's dq under g_stress: the floor doubles
-the allowance); with one block (no sampling error to measure, t infinite) it is all that decides.
+The limit on epsilons alone would let a candidate with twice FLA's compute error pass where that
+error is a few percent of the bf16 rounding (gla's dq under g_stress: the floor doubles the
+allowance), so it is one of two conditions; with one block (no sampling error to measure, t
+infinite) it is all that decides.
 parity power's rows say which method each tensor got.
 """
 
@@ -73,8 +74,8 @@ from scipy import stats
 SEEDS_MIN = 3  # seeds a verdict needs unless far from the bound
 SEEDS_BASE = 8  # seeds after which an undecided tensor with BLOCKS_ENOUGH blocks is inconclusive
 SEEDS_MAX = 64  # the default policy's most seeds: what a tensor with one block per seed may need
-# blocks an undecided tensor may wait for (parity power, README: with 32 a true tie on kda's dbeta under
-# g_stress, whose blocks' errors spread 100x, was still inconclusive on 25% of draws)
+# blocks an undecided tensor may wait for (parity power, README: with 32, a true tie on kda's dbeta under
+# g_stress, whose blocks' errors spread 100x, stays inconclusive on 25% of draws)
 BLOCKS_ENOUGH = 64
 LOOKS = (12, 16, 24, 32, 48, 64)  # seeds past SEEDS_BASE at which a tensor is looked at
 MARGIN = 0.25  # indifference zone above the factor: pass needs hi <= factor * (1 + MARGIN)
@@ -127,7 +128,7 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
     """The bound on compute error over the seeds both have (lists aligned by seed, each item
     {"err2": [blocks], "floor2": [blocks]}): the record the gate keeps, with
     decision pass | fail | undecided (the rule at >= SEEDS_MIN seeds) and far pass | fail | None
-    (the rule before SEEDS_MIN). Module docstring for the statistics."""
+    (the rule under SEEDS_MIN seeds). Module docstring for the statistics."""
     k = len(cand)
     ec, fc = _sums(cand)
     er, fr = _sums(ref)
@@ -165,7 +166,7 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
             lo=None,
             hi=None,
             decision=decision,
-            far=None if decision == "undecided" else decision,  # the same rule before SEEDS_MIN
+            far=None if decision == "undecided" else decision,  # the same rule under SEEDS_MIN seeds
         )
         return out
     q = float(a.sum() / d.sum())

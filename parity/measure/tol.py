@@ -16,24 +16,24 @@ normalised, so it does not grow linearly with T). Below 64 a smaller K or chunk 
 the error smaller (fewer terms, but the same rounding per term and the same gates), so both
 factors stop at 64. Fitted from FLA in the Triton interpreter at K and V from 8, chunk 16 and 32,
 T from 1 (180 cases, fwd+bwd with h0 and ht, both dtypes, three ops; benchmarks/small_dims.py):
-with sqrt(K / 64) * sqrt(chunk / 64) all the way down, FLA failed its own tolerance by up to 3.9x
+with sqrt(K / 64) * sqrt(chunk / 64) all the way down, FLA fails its own tolerance by up to 3.9x
 (kda dh0 at K = V = 8, C = 16, T = 17); with the floor at 64 for both its worst is 0.69 of the
 tolerance on the fitting sweep and 0.46 on a second one (other seeds and shapes); a floor at 32
-for either left it at 0.97. `tensor` groups: o, ht, dq, dk, dv, dg,
+for either leaves it at 0.97. `tensor` groups: o, ht, dq, dk, dv, dg,
 dbeta (gdn2: db, dw), dh0 each have their own coefficient, because gradients accumulate differently (dg is a
 sum with cancellation and carries the largest relative error).
 
 dg_gamma [H] has no coefficient of its own: no reference computes it (FLA returns none), and it is
 the sum over tokens of the per-token gate gradient, dg_gamma[h] = sum_{b,t} dg[b, t, h]. It has
 dg's coefficient, and its error is measured per head against the size of what it sums
-(parity.measure.compare, references.error_scales). On the case parity fuzz found, simple_gla-fwdbwd-B2-
-T64-H1-K64-V64-fp32-C64-gamma_retnet-s1.0-h0-ht, terms of rms 694 cancel to dg_gamma = 39.6; the
-fused and chunked float32 kernels are off by 1.1e-4 and 5.7e-4 of it (2.9e-6 of what they sum):
-the fixed coefficient dg_gamma had (0.5 u, relative to the sum) failed the chunked one.
+(parity.measure.compare, references.error_scales). On simple_gla-fwdbwd-B2-T64-H1-K64-V64-fp32-
+C64-gamma_retnet-s1.0-h0-ht, terms of rms 694 cancel to dg_gamma = 39.6; the fused and chunked
+float32 kernels are off by 1.1e-4 and 5.7e-4 of it (2.9e-6 of what they sum): a coefficient of
+0.5 u relative to the sum itself would fail the chunked one.
 
 `parity calibrate DIR` fits coef from the reference-side (FLA) epsilons of a run:
 coef = MARGIN * max(eps / (u(dtype) * growth)) over that run's cases, per op, tensor and dtype,
-keeps the old coefficient where the run has no sample, and writes tolerances.json with a
+keeps the current coefficient where the run has no sample, and writes tolerances.json with a
 new version. Every verdict records TOL_VERSION.
 """
 
@@ -92,8 +92,8 @@ def coef(case, tensor: str, table: dict | None = None) -> float:
 def tol(case, tensor: str) -> float:
     """Largest rel_rms against the oracle that a correct implementation of `case` shows on `tensor`:
     the formula, and never below the unit roundoff of the dtype the tensor is returned in (the oracle
-    itself rounded to bfloat16 has rel_rms up to about u / 2; `parity fuzz` found the formula under
-    it for small K and chunk: simple_gla-fwd-B1-T16-H1-K8-V8-bf16-C16-g_logsig)."""
+    itself rounded to bfloat16 has rel_rms up to about u / 2; the formula falls under it at small K
+    and chunk, e.g. simple_gla-fwd-B1-T16-H1-K8-V8-bf16-C16-g_logsig)."""
     return max(coef(case, tensor) * UNIT[case.dtype] * growth(case), ROUNDOFF[output_dtype(case, tensor)])
 
 

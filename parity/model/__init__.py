@@ -5,6 +5,9 @@
                         pytest plugin reads names from it in every session)
     kernels.py          which kernels_jax function each built-in candidate calls for an op
     targets.py          the TPU targets (v4, v5e, v5p, v6e, tpu7x) and their topologies
+    options.py          the option values the command line and the pytest plugin share, parsed and
+                        checked once (OptionError, option_error.py: field, value, allowed values;
+                        standard library only at import, like spec.py)
     host.py             what this host has: a TPU attached, libtpu installed
     gpu.py              the GPU FLA in the Triton interpreter stands for (an H100): the shared
                         memory its probe answers (standard library only, like spec.py)

@@ -10,8 +10,8 @@
                                 a user's candidate; FRAMEWORK jax (any jax code), pallas (a Pallas
                                 TPU kernel: its TPU module must hold a Mosaic kernel) or torch
 
-`parse_backend_spec(text)` is the one parser (SpecError: one line naming the spec and the
-allowed forms); everything after it (runner, records, repro, manifests, the page) reads the
+`parse_backend_spec(text)` is the one parser (SpecError, an OptionError of parity.model.option_error:
+the option, the spec and the allowed forms); everything after it (runner, records, repro, manifests, the page) reads the
 BackendSpec's fields. How each backend calls its kernel for a case (module, function, the
 chunk size passed or not) is its backend's `kernel_call(case)` (KernelCall), used both by
 the backend when it runs and by `parity repro`.
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+
+from parity.model.option_error import OptionError
 
 REFERENCE = "fla"  # the reference backend's name: the GPU side of the gate
 BUILTIN = ("oracle", REFERENCE, "pallas", "pallas-fused")
@@ -38,11 +40,13 @@ FORMS = (
     f"one of {list(BUILTIN)}, mutant:NAME, noise:REL, or a candidate NAME=FRAMEWORK:MODULE:FUNCTION "
     f"(FRAMEWORK one of {list(FRAMEWORKS)}, e.g. mine=jax:my_pkg.kernels:chunk_gla)"
 )
+CANDIDATE_FORM = "NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
 RUNS_ON_JAX = "tpu, or TPU interpret mode on a CPU (matmuls under the TPU numerics model)"
 
 
-class SpecError(ValueError):
-    """A backend or candidate spec that cannot be used; the message is one line."""
+class SpecError(OptionError):
+    """A backend or candidate spec that cannot be used: field "backends" or "candidate", the spec,
+    the allowed forms and what is wrong (OptionError's fields)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,7 @@ def parse_backend_spec(text: str) -> BackendSpec:
     """The one parser of backend specs; SpecError naming the spec and the allowed forms. A
     candidate's module is not imported here (check_specs does that)."""
     if not isinstance(text, str) or not text:
-        raise SpecError(f"backend spec {text!r}: expected {FORMS}")
+        raise SpecError("backends", text, FORMS)
     if text == "oracle":
         return BackendSpec(
             text,
@@ -130,7 +134,7 @@ def parse_backend_spec(text: str) -> BackendSpec:
         # the name's form only: whether the catalogue has it is parity.execute.backends.parse_specs's check
         mutant = text[len(MUTANT_PREFIX) :]
         if not NAME_RE.fullmatch(f"mutant-{mutant}"):
-            raise SpecError(f"unknown mutant {text!r}: expected mutant:NAME, NAME a mutant of parity.mutants")
+            raise SpecError("backends", text, "mutant:NAME, NAME a mutant of parity.mutants", "unknown mutant")
         return BackendSpec(text, f"mutant-{mutant}", "candidate", "mutant", mutant, RUNS_ON_JAX)
     if text.startswith(NOISE_PREFIX):
         rel = text[len(NOISE_PREFIX) :]
@@ -139,26 +143,29 @@ def parse_backend_spec(text: str) -> BackendSpec:
         except ValueError:
             ok = False
         if not ok:
-            raise SpecError(f"backend {text!r}: expected noise:REL, REL a relative rms in [0, 1), e.g. noise:2e-3")
+            raise SpecError("backends", text, "noise:REL, REL a relative rms in [0, 1), e.g. noise:2e-3")
         return BackendSpec(text, f"noise-{rel}", "candidate", "noise", rel, "cpu: the float64 oracle + noise")
     if "=" not in text:
-        raise SpecError(f"unknown backend {text!r}: expected {FORMS}")
+        raise SpecError("backends", text, FORMS, f"unknown backend {text!r}")
     m = CANDIDATE_RE.match(text)
     if not m:
-        raise SpecError(
-            f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
-        )
+        raise SpecError("candidate", text, CANDIDATE_FORM)
     if not NAME_RE.fullmatch(m["name"]):
         raise SpecError(
-            f"--candidate {text!r}: NAME {m['name']!r} is not allowed: expected 1 to 64 of "
-            "A-Z a-z 0-9 _ . + -, starting with a letter or digit"
+            "candidate",
+            text,
+            "a NAME of 1 to 64 of A-Z a-z 0-9 _ . + -, starting with a letter or digit",
+            f"NAME {m['name']!r} is not allowed",
         )
     if m["fw"] not in FRAMEWORKS:
-        raise SpecError(f"--candidate {text!r}: FRAMEWORK {m['fw']!r} is not one of {list(FRAMEWORKS)}")
+        problem = f"FRAMEWORK {m['fw']!r} is not one of {list(FRAMEWORKS)}"
+        raise SpecError("candidate", text, f"a FRAMEWORK of {list(FRAMEWORKS)}", problem)
     if m["name"] in BUILTIN or m["name"].startswith(("mutant-", "noise-")):
         raise SpecError(
-            f"--candidate {text!r}: NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)} "
-            "or a mutant (mutant-*)"
+            "candidate",
+            text,
+            "a NAME of its own",
+            f"NAME {m['name']!r} is taken by a built-in backend {list(BUILTIN)} or a mutant (mutant-*)",
         )
     runs_on = "cuda, or torch on a CPU" if m["fw"] == "torch" else RUNS_ON_JAX
     return BackendSpec(text, m["name"], "candidate", f"candidate-{m['fw']}", f"{m['module']}:{m['func']}", runs_on)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from parity.model.host import libtpu_version
+from parity.model.option_error import OptionError
 
 # short name -> (topology of its compile-only devices, their device kind, cores per device);
 # tests/test_tpu_identity.py holds the kinds and cores to libtpu's devices
@@ -19,7 +20,8 @@ DEFAULT_TARGETS = ("v5e", "v6e", "tpu7x")
 
 
 def parse_targets(text: str | None) -> tuple[str, ...]:
-    """'v5e,v6e' -> ('v5e', 'v6e'); 'none' or '' -> (); None -> the default for this machine."""
+    """'v5e,v6e' -> ('v5e', 'v6e'); 'none' or '' -> (); None -> the default for this machine.
+    OptionError (field tpu-targets) for a name that is not a target, or any target without libtpu."""
     if text is None:
         return default_targets()
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -27,14 +29,19 @@ def parse_targets(text: str | None) -> tuple[str, ...]:
         return ()
     bad = [t for t in names if t not in TARGETS]
     if bad:
-        raise ValueError(
-            f"--tpu-targets {text!r}: {bad[0]!r} is not a target: expected 'none' or a "
-            f"comma-separated list of {list(TARGETS)}"
+        raise OptionError(
+            "tpu-targets",
+            text,
+            f"'none' or a comma-separated list of {list(TARGETS)}",
+            f"{bad[0]!r} is not a target",
         )
     if libtpu_version() is None:
-        raise ValueError(
-            f"--tpu-targets {text!r}: libtpu is not installed (pip install 'jax[tpu]', "
-            "the version jax pins), so nothing can compile for TPU here; use --tpu-targets none"
+        raise OptionError(
+            "tpu-targets",
+            text,
+            "'none'",
+            "libtpu is not installed (pip install 'jax[tpu]', the version jax pins), "
+            "so nothing can compile for TPU here",
         )
     return tuple(dict.fromkeys(names))
 

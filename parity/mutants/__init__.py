@@ -4,6 +4,7 @@ Layer: above the model, below execution (they are test subjects, run as candidat
     catalogue.py   the Mutant dataclass and the suite mutants (the named suites must catch each)
     narrow.py      the narrow mutants (wrong only outside every named suite: `parity fuzz` finds them)
     order.py       the order a mutant tries a selection's cases in (witness first, then most alike)
+    patched.py     a mutant's own copy of kernels_jax with its patches applied (its kernel)
 The backend that runs `mutant:NAME` is parity.execute.backends.mutant, registered like any backend;
 `parity mutants` (parity.cli.mutants) runs them through the gate and scores what caught each.
 """

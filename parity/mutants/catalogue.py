@@ -1,20 +1,33 @@
 """The mutant catalogue: kernels_jax kernels with known bugs, which the harness must catch.
 
-Each mutant is a real variant of a kernels_jax kernel: either a switch the kernel reads
-at trace time (kernels_jax/common/mutation.py; the shipped kernels run with every switch
-off) or a patched call around the unmodified kernel. Mutants run as candidates
-(`mutant:NAME` backends) next to the unmutated `pallas`/`pallas-fused` kernels and the
-`fla` reference, through the same comparator and gate as any kernel. A mutant is caught
-when any case of its op has a gate verdict other than pass (accuracy, bound, NaN/Inf,
-error); the score is caught / total, and the unmutated kernels must pass every case.
-The backend that runs a mutant is parity.execute.backends.mutant; the scored run is `parity mutants`
-(parity.cli.mutants).
+Each mutant is a real variant of a kernels_jax kernel: either edits of its source (`Patch`:
+exact text replaced, planted in the mutant's own copy of the package by parity.mutants.patched;
+kernels_jax itself holds no trace of any mutant) or a patched call around the unmodified
+kernel (`wrap`). Mutants run as candidates (`mutant:NAME` backends) next to the unmutated
+`pallas`/`pallas-fused` kernels and the `fla` reference, through the same comparator and gate
+as any kernel. A mutant is caught when any case of its op has a gate verdict other than pass
+(accuracy, bound, NaN/Inf, error); the score is caught / total, and the unmutated kernels must
+pass every case. The backend that runs a mutant is parity.execute.backends.mutant; the scored
+run is `parity mutants` (parity.cli.mutants).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+
+SIMPLE_GLA = "kernels_jax.simple_gla.chunk"
+KERNEL_MATH = "kernels_jax.common.kernel_math"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One edit of a kernels_jax module's source: `old`, which must occur in it exactly once,
+    replaced by `new`."""
+
+    module: str  # e.g. "kernels_jax.simple_gla.chunk"
+    old: str
+    new: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +37,7 @@ class Mutant:
     impl: str  # 'pallas' or 'pallas-fused'
     what: str  # the bug, in words
     seed: str = ""  # the seed pull request it reproduces, if any
-    switch: str | None = None  # kernels_jax.common.mutation switch the kernel reads
+    patches: tuple[Patch, ...] = ()  # the bug, as edits of kernels_jax's source (applied in order)
     wrap: Callable | None = None  # or: fn -> patched fn around the unmodified kernel
     witness: str = ""  # a small case that must catch it (tests/test_mutants.py)
     tpu_only: bool = False  # invisible in interpret mode: caught by the TPU compile check only
@@ -47,13 +60,48 @@ def _zero_dg_gamma(fn):
     return call
 
 
+def _after_imports(function: str) -> Patch:
+    """A function added to Simple GLA's chunk module, after its imports."""
+    imports_end = "from kernels_jax.common.platform import interpret_mode\n"
+    return Patch(SIMPLE_GLA, imports_end, imports_end + "\n\n" + function)
+
+
+# exp(b_i - b_j) over the whole chunk, masked after exp (the upper triangle overflows)
+_UNMASKED_DECAY = """
+def _unmasked_decay(b_col, b_row):
+    C = b_col.shape[0]
+    row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    # a 0/1 float mask from integer arithmetic, as a kernel would load it: multiplying by a boolean
+    # mask's astype(F32) would let XLA (interpret mode) rewrite the product as a select and hide
+    # the NaN that Mosaic on a TPU produces
+    return jnp.exp(b_col - b_row) * jnp.clip(row - col + 1, 0, 1).astype(F32)
+"""
+
+# exp(b_i) * exp(-b_j) * mask: exp(-b_j) overflows
+_FACTORISED_DECAY = """
+def _factorised_decay(b_col, b_row, *, transpose=False):
+    C = b_col.shape[0]
+    row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    if transpose:
+        return jnp.exp(b_row) * jnp.exp(-b_col) * (col >= row).astype(F32)
+    return jnp.exp(b_col) * jnp.exp(-b_row) * (row >= col).astype(F32)
+"""
+
+_FORWARD_SCORES = "        scores = acc_qk[...] * causal_decay(b_col, b_row) * scale\n"
+_STATE_UPDATE = "    new = advance_state(state[...], k_ref[...], v_ref[...], decay_all, decay_to_end)\n"
+
 SUITE_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unmasked-exp-c128",
         "simple_gla",
         "pallas",
         seed="000",
-        switch="unmasked_decay_exp",
+        patches=(
+            Patch(SIMPLE_GLA, _FORWARD_SCORES, _FORWARD_SCORES.replace("causal_decay", "_unmasked_decay")),
+            _after_imports(_UNMASKED_DECAY),
+        ),
         what="intra-chunk decay exp(g_i - g_j) taken over the whole chunk before the causal mask "
         "(the upper triangle overflows at chunk 128 with ALiBi g_gamma: inf * 0 = NaN)",
         witness="simple_gla-fwd-B1-T128-H2-K64-V64-fp32-C128-gamma_stress",
@@ -63,7 +111,11 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "simple_gla",
         "pallas",
         seed="001",
-        switch="factorised_decay_bwd",
+        patches=(
+            Patch(SIMPLE_GLA, "acc_kq[...] * causal_decay(", "acc_kq[...] * _factorised_decay("),
+            Patch(SIMPLE_GLA, "acc_dov[...] * causal_decay(", "acc_dov[...] * _factorised_decay("),
+            _after_imports(_FACTORISED_DECAY),
+        ),
         what="backward through a per-channel gate built from g_gamma, factorised as exp(G_i) * exp(-G_j) "
         "(exp(-G) overflows when |g| * chunk > 88.7)",
         witness="simple_gla-fwdbwd-B1-T128-H2-K64-V64-fp32-C64-gamma_stress",
@@ -73,7 +125,13 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "simple_gla",
         "pallas",
         seed="002",
-        switch="tile_overwrite",
+        patches=(
+            Patch(
+                SIMPLE_GLA,
+                "        acc_qk[...] += qk\n        acc_qh[...] += qh\n",
+                "        acc_qk[...], acc_qh[...] = qk, qh\n",
+            ),
+        ),
         what="a K or V tile wider than 128 overwrites the output instead of accumulating",
         witness="simple_gla-fwd-B1-T64-H1-K256-V256-fp32-C64-g_logsig",
     ),
@@ -91,7 +149,13 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "simple_gla",
         "pallas",
         seed="004",
-        switch="varlen_no_reset",
+        patches=(
+            Patch(
+                SIMPLE_GLA,
+                "@pl.when(first_ref[c] == 1)\n    def load_initial_state():",
+                "@pl.when(c == 0)\n    def load_initial_state():",
+            ),
+        ),
         what="the state is not reset at a packed sequence's start, so it leaks into the next one",
         witness="simple_gla-fwd-B1-T100-H2-K64-V64-fp32-C64-g_logsig-lens37_1_62",
     ),
@@ -107,7 +171,21 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "final-state-one-chunk-early",
         "simple_gla",
         "pallas",
-        switch="ht_one_chunk_early",
+        patches=(
+            Patch(
+                SIMPLE_GLA,
+                "    h_ref[...] = state[...].astype(h_ref.dtype)\n",
+                "    h_ref[...] = state[...].astype(h_ref.dtype)\n\n"
+                "    @pl.when(last_ref[c] == 1)\n"
+                "    def emit_state_before_last_chunk():\n"
+                "        ht_ref[...] = state[...]\n\n",
+            ),
+            Patch(
+                SIMPLE_GLA,
+                "\n    @pl.when(last_ref[c] == 1)\n    def emit_final_state():\n        ht_ref[...] = new\n",
+                "",
+            ),
+        ),
         what="the final state is the state before the last chunk",
         witness="simple_gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-ht",
     ),
@@ -115,7 +193,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "scale-twice-intra",
         "simple_gla",
         "pallas",
-        switch="intra_scale_twice",
+        patches=(Patch(SIMPLE_GLA, _FORWARD_SCORES, _FORWARD_SCORES + "        scores = scores * scale\n"),),
         what="scale applied twice to the intra-chunk term",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
     ),
@@ -123,7 +201,10 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "mask-without-diagonal",
         "simple_gla",
         "pallas",
-        switch="strict_causal_mask",
+        patches=(
+            Patch(KERNEL_MATH, "keep = col >= row", "keep = col > row"),
+            Patch(KERNEL_MATH, "keep = row >= col", "keep = row > col"),
+        ),
         what="the causal mask drops its diagonal (token t does not see itself)",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
     ),
@@ -131,7 +212,14 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "bf16-state",
         "simple_gla",
         "pallas",
-        switch="state_bf16",
+        patches=(
+            Patch(SIMPLE_GLA, _STATE_UPDATE, _STATE_UPDATE + "    new = new.astype(jnp.bfloat16).astype(F32)\n"),
+            Patch(
+                SIMPLE_GLA,
+                "jax.ShapeDtypeStruct((cfg.H, cfg.NT, cfg.K, cfg.V), F32),",
+                "jax.ShapeDtypeStruct((cfg.H, cfg.NT, cfg.K, cfg.V), jnp.bfloat16),",
+            ),
+        ),
         what="the recurrent state carried between chunks in bfloat16 instead of float32 "
         "(accuracy only: the bound against FLA must catch it)",
         witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-g_logsig-ht",
@@ -140,7 +228,14 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "gla-decay-last-row-only",
         "gla",
         "pallas",
-        switch="gla_decay_last_row_only",
+        patches=(
+            Patch(
+                "kernels_jax.gla.chunk",
+                "    _, g_last_col = sums.total(tot)\n",
+                "    _, g_last_col = sums.total(tot)\n"
+                "    g_last_col = intra.dot_tn(g[C - 1 : C, :], jnp.ones((1, 1), jnp.float32))\n",
+            ),
+        ),
         what="gla: the state carried to the next chunk decays by the last row's gate only, "
         "not by the whole chunk's cumulative gate",
         witness="gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-h0",
@@ -149,7 +244,13 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "bf16-dot-fp32-contract",
         "simple_gla",
         "pallas",
-        switch="bf16_dot_fp32_contract",
+        patches=(
+            Patch(
+                KERNEL_MATH,
+                "if a.dtype == b.dtype == jnp.bfloat16:\n        precision = None\n",
+                "if a.dtype == b.dtype == jnp.bfloat16:\n        precision = lax.Precision.HIGHEST\n",
+            ),
+        ),
         tpu_only=True,
         what="bf16 x bf16 matmuls asking for float32 contract precision: exact in TPU interpret mode, "
         "rejected by Mosaic on every TPU generation ('Bad lhs type'); only the TPU compile check sees it",
@@ -160,7 +261,13 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "simple_gla",
         "pallas",
         seed="003",
-        switch="interpret_left_on",
+        patches=(
+            Patch(
+                "kernels_jax.common.platform",
+                "return False if (on_tpu() or _compile_for_tpu) else pltpu.InterpretParams()",
+                "return pltpu.InterpretParams()",
+            ),
+        ),
         what="interpret mode hard-coded on: right numbers on CPU, but the kernels' pallas_calls ask for TPU "
         "interpret mode themselves (what ran, parity.execute.pallas_paths) and the TPU module holds no Mosaic "
         "kernel (host callbacks instead)",
@@ -170,7 +277,13 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "chunk-axis-parallel",
         "simple_gla",
         "pallas",
-        switch="sequential_axis_parallel",
+        patches=(
+            Patch(
+                KERNEL_MATH,
+                "CompilerParams(dimension_semantics=semantics)",
+                'CompilerParams(dimension_semantics=("parallel",) * len(semantics))',
+            ),
+        ),
         what="every grid axis marked 'parallel', the sequential chunk axis of the state-carrying kernels "
         "included (Triton's independent programs; on a two-TensorCore TPU the state is split)",
         witness="simple_gla-fwd-B1-T320-H2-K64-V64-fp32-C64-g_logsig-ht",
@@ -179,7 +292,13 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "f32-dots-default-precision",
         "simple_gla",
         "pallas",
-        switch="f32_dot_default_precision",
+        patches=(
+            Patch(
+                KERNEL_MATH,
+                "a, b = a.astype(F32), b.astype(F32)\n        precision = lax.Precision.HIGHEST\n",
+                "a, b = a.astype(F32), b.astype(F32)\n        precision = None\n",
+            ),
+        ),
         what="float32 dots at DEFAULT precision: one bf16 MXU pass on a TPU (~2e-3), float32 in plain "
         "interpret mode; the TPU numerics model and the bound against FLA's TF32 must catch it",
         witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-gamma_alibi-ht",
@@ -188,7 +307,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "kv-swapped-scale",
         "simple_gla",
         "pallas",
-        switch="scale_from_v",
+        patches=(Patch("kernels_jax.common.validation", "scale = K**-0.5", "scale = V**-0.5"),),
         what="the default scale taken from V's head dim instead of K's (V ** -0.5): invisible "
         "on every case with K == V",
         witness="simple_gla-fwd-B1-T80-H2-K64-V128-fp32-C64-g_logsig",
@@ -197,7 +316,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "kda-beta-keys-only",
         "kda",
         "pallas",
-        switch="beta_keys_only",
+        patches=(Patch("kernels_jax.kda.kernels", "dot(inv, write * v)", "dot(inv, v)"),),
         what="kda: beta applied to the keys but not to the values in the WY solve",
         witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
     ),

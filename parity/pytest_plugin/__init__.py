@@ -52,6 +52,7 @@ from parity.pytest_plugin.options import (
     bound_factor,
     refuse_bad_options,
     report_dir,
+    selected_cases,
     session_specs,
     session_targets,
 )
@@ -91,8 +92,7 @@ def pytest_configure(config):
 
 def pytest_generate_tests(metafunc):
     if "parity_case" in metafunc.fixturenames:
-        opt = metafunc.config.getoption
-        cases = select_cases(opt("parity_suite"), opt("parity_cases"), opt("parity_op"))
+        cases = selected_cases(metafunc.config)
         metafunc.parametrize("parity_case", cases, ids=[c.id for c in cases])
 
 

@@ -8,19 +8,31 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from parity.model import options  # standard library only (the option layer)
 from parity.model.spec import REFERENCE  # standard library only (the backend spec's parser)
 
 
-def select_cases(suite: str | None, cases_file: str | None, op: str | None) -> list:
-    """The cases of --parity-cases (a file) or --parity-suite (default smoke), of one op if given."""
-    from cases import OPS, get_suite, load_cases_file  # late: the case registry (numpy), for parity tests only
+@functools.cache
+def select_cases(
+    suite: str | None,
+    cases_file: str | None,
+    op: str | None,
+    max_elements: str | None = None,
+    max_bytes: str | None = None,
+) -> list:
+    """The cases of --parity-cases (a file) or --parity-suite (default smoke), of one op if given,
+    each within the size limits (texts as given; None: parity run's defaults); OptionError naming
+    the option otherwise (parity.model.options.select_cases)."""
+    from cases.inputs import MAX_INPUT_BYTES, MAX_INPUT_ELEMENTS  # late: the case registry (numpy)
 
-    cases = load_cases_file(cases_file) if cases_file else get_suite(suite or "smoke")
-    if op:
-        if op not in OPS:
-            raise ValueError(f"--parity-op {op!r}: expected one of {list(OPS)}")
-        cases = [c for c in cases if c.op == op]
-    return cases
+    return options.select_cases(
+        suite or (None if cases_file else "smoke"),
+        cases_file,
+        None,
+        op,
+        MAX_INPUT_ELEMENTS if max_elements is None else options.size_limit("max-elements", max_elements),
+        MAX_INPUT_BYTES if max_bytes is None else options.size_limit("max-bytes", max_bytes),
+    )
 
 
 @functools.cache
@@ -34,9 +46,10 @@ def _fmt(x) -> str:
     return "nan/inf" if x is None else f"{x:.3g}"
 
 
-def explain(case, records: dict[str, dict], gate: dict | None) -> list[str]:
+def explain(case, records: dict[str, dict], judged) -> list[str]:
     """One paragraph per problem: tensor, both epsilons, tolerance, bound, worst element,
-    where each side ran, and the command that reproduces just this case."""
+    where each side ran, and the command that reproduces just this case. `judged`: the gate's
+    CaseJudgement of the case (parity.judge.case), or None where there is none."""
     # late: numpy and scipy, only when parity tests run
     from parity.measure.compare import describe_localisation
     from parity.measure.compute_error import describe as describe_compute
@@ -54,11 +67,8 @@ def explain(case, records: dict[str, dict], gate: dict | None) -> list[str]:
         if rec["side"] == "reference":  # its tensors' verdicts are findings, not failures
             continue
         for tname, t in rec.get("tensors", {}).items():
-            bound_entry = None
-            if gate and rec["side"] == "candidate":
-                for c in gate["cases"]:
-                    if c["candidate"] == name:
-                        bound_entry = c["tensors"].get(tname)
+            entry = judged.entry(name) if judged and rec["side"] == "candidate" else None
+            bound_entry = entry["tensors"].get(tname) if entry else None
             verdict = (bound_entry or t)["verdict"] if bound_entry else t["verdict"]
             if verdict in ("pass", "unsupported"):
                 continue
@@ -118,21 +128,18 @@ def check_case(
     the reference)."""
     # late: heavy (jax, torch, the harness), only when parity tests run
     from parity.execute.case import run_case
-    from parity.judge.gate import GateRefusal, compile_problems, evaluate
+    from parity.judge.gate import compile_problems, judge_case
     from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 
     recs, _, compiles = run_case(
         case, specs, _backends(tuple(specs)), report_dir, run_id, tpu_targets=tpu_targets, seeds=(SEEDS_MIN, SEEDS_MAX)
     )
     by_backend = {r["backend"]: r for r in recs}
-    gate = None
+    judged = None
     if REFERENCE in by_backend and any(r["side"] == "candidate" for r in recs):
-        try:
-            gate = evaluate({case.id: by_backend}, factor)
-        except GateRefusal:
-            gate = None
+        judged = judge_case(case.id, by_backend, factor=factor)
     cands = [r for r in recs if r["side"] == "candidate"]
-    problems = explain(case, by_backend, gate) + [
+    problems = explain(case, by_backend, None if judged is None or judged.refused else judged) + [
         f"[{c['backend']}] {c['verdict']}: {line}\n  repro: {c['repro']}"
         for c in compiles
         for line in compile_problems(c)

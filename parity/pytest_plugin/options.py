@@ -1,19 +1,24 @@
 """The plugin's `--parity-*` options: declared (add_options), refused at configure when they
 cannot be used (refuse_bad_options: pytest's usage error, exit 4), and read by the hooks
-(report_dir, bound_factor, session_specs, session_targets; the TPU identity interpret mode emulates
-is exported at configure, export_interpret_as). Only the standard library, pytest
-and parity.model.spec at import: what checks a value is imported when that option is given."""
+(selected_cases, report_dir, bound_factor, session_specs, session_targets; the TPU identity
+interpret mode emulates is exported at configure, export_interpret_as). The values' checks are
+parity.model.options's, shared with the command line; this module adds the `--parity-` prefix
+and pytest's usage error. Only the standard library, pytest and parity.model at import: the case
+registry and the TPU target table are imported when an option that needs them is given."""
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 from pathlib import Path
 
 import pytest
 
+from parity.model import options  # standard library only (the option layer, shared with the command line)
 from parity.model.spec import REFERENCE  # standard library only (the backend spec's parser)
+
+PREFIX = "--parity-"  # this surface's flag prefix: option NAME is --parity-NAME
+SELECTION = ("suite", "cases", "op", "max_elements", "max_bytes")  # the options selected_cases reads
 
 # marker -> the built-in backend specs it runs (candidates are added on interpret and tpu)
 MODE_BACKENDS = {
@@ -31,6 +36,18 @@ def add_options(parser) -> None:
         "--parity-cases", default=None, metavar="FILE", help="JSON file of case dicts or ids (instead of a suite)"
     )
     g.addoption("--parity-op", default=None, help="only cases of this op")
+    g.addoption(
+        "--parity-max-elements",
+        default=None,
+        metavar="N",
+        help="refuse a case whose inputs exceed this many elements (default parity run's, 2^30)",
+    )
+    g.addoption(
+        "--parity-max-bytes",
+        default=None,
+        metavar="N",
+        help="refuse a case whose inputs exceed this many bytes in float64 (default parity run's, 8 GiB)",
+    )
     g.addoption(
         "--parity-report-dir",
         default=DEFAULT_REPORT_DIR,
@@ -81,8 +98,10 @@ def add_options(parser) -> None:
     )
 
 
-def fail_usage(option: str, value, allowed: str) -> None:
-    raise pytest.UsageError(f"--{option} {value!r}: expected {allowed}")
+def usage_error(e) -> pytest.UsageError:
+    """parity.model.options's refusal as pytest's usage error (exit 4), naming the option with this
+    surface's flag prefix."""
+    return pytest.UsageError(e.message(PREFIX))
 
 
 def refuse_bad_options(config) -> None:
@@ -90,35 +109,32 @@ def refuse_bad_options(config) -> None:
     (pytest then exits 4, its usage-error code); nothing heavy is imported unless it is given."""
     opt = config.getoption
     _refuse_path_as_rootdir(config)
-    if opt("parity_bound_factor") is not None:
-        bound_factor(config)
-    if opt("parity_suite") is not None:
-        from cases import SUITES  # late: the case registry (numpy), only when the option is given
+    try:
+        if opt("parity_bound_factor") is not None:
+            options.bound_factor(opt("parity_bound_factor"))
+        if any(opt(f"parity_{name}") is not None for name in SELECTION):
+            selected_cases(config)
+        if opt("parity_backends") is not None:
+            options.builtin_backends(opt("parity_backends"))
+        options.candidates(opt("parity_candidate"))
+        if opt("parity_tpu_targets") is not None:
+            tpu_targets(opt("parity_tpu_targets"))
+        if opt("parity_tpu_interpret_as") is not None or opt("parity_tpu_targets") is not None:
+            export_interpret_as(config)
+    except options.OptionError as e:
+        raise usage_error(e) from None
 
-        if opt("parity_suite") not in SUITES:
-            fail_usage("parity-suite", opt("parity_suite"), f"one of {list(SUITES)}")
-    if opt("parity_op") is not None:
-        from cases import OPS  # late: the case registry (numpy), only when the option is given
 
-        if opt("parity_op") not in OPS:
-            fail_usage("parity-op", opt("parity_op"), f"one of {list(OPS)}")
-    if opt("parity_cases") is not None and not Path(opt("parity_cases")).is_file():
-        fail_usage("parity-cases", opt("parity_cases"), "a JSON file of case dicts or ids")
-    if opt("parity_backends") is not None:
-        kept_builtins(config)
-    if opt("parity_candidate"):
-        # late: the harness's spec parser, only when --parity-candidate is given
-        from parity.execute.backends import SpecError, parse_candidate
+def selected_cases(config) -> list:
+    """The cases of --parity-suite (smoke when neither it nor --parity-cases is given) or
+    --parity-cases, of --parity-op, each within --parity-max-elements and --parity-max-bytes."""
+    # late: the selection is read only when parity tests run or a selection option is given
+    from parity.pytest_plugin.checks import select_cases
 
-        for spec in opt("parity_candidate"):
-            try:
-                parse_candidate(spec)
-            except SpecError as e:
-                raise pytest.UsageError(str(e).replace("--candidate", "--parity-candidate", 1)) from None
-    if opt("parity_tpu_targets") is not None:
-        tpu_targets(opt("parity_tpu_targets"))
-    if opt("parity_tpu_interpret_as") is not None or opt("parity_tpu_targets") is not None:
-        export_interpret_as(config)
+    try:
+        return select_cases(*(config.getoption(f"parity_{name}") for name in SELECTION))
+    except options.OptionError as e:
+        raise usage_error(e) from None
 
 
 def export_interpret_as(config) -> None:
@@ -126,13 +142,15 @@ def export_interpret_as(config) -> None:
     the environment the backends read it from: --parity-tpu-interpret-as, else the first of
     --parity-tpu-targets; without either the backends' default (v5e) stands."""
     # late: the harness's TPU identity table, only when one of the two options is given
-    from parity.execute.tpu_identity import ENV, IDENTITIES, SOURCE_ENV, choose
+    from parity.execute.tpu_identity import ENV, SOURCE_ENV, choose
 
     target = config.getoption("parity_tpu_interpret_as")
-    if target is not None and target not in IDENTITIES:
-        fail_usage("parity-tpu-interpret-as", target, f"one of {list(IDENTITIES)}")
+    try:
+        target = None if target is None else options.interpret_as(target)
+    except options.OptionError as e:
+        raise usage_error(e) from None
     targets = tpu_targets(config.getoption("parity_tpu_targets")) if target is None else ()
-    choice = choose(target, targets, ("--parity-tpu-interpret-as", "--parity-tpu-targets"))
+    choice = choose(target, targets, PREFIX)
     if choice is not None:
         os.environ[ENV], os.environ[SOURCE_ENV] = choice
 
@@ -157,30 +175,19 @@ def _refuse_path_as_rootdir(config) -> None:
 
 
 def bound_factor(config) -> float:
-    text = config.getoption("parity_bound_factor")
-    if text is None:
-        return 1.0
     try:
-        factor = float(text)
-    except ValueError:
-        factor = math.nan
-    if not (math.isfinite(factor) and factor >= 0):
-        fail_usage("parity-bound-factor", text, "a finite number >= 0")
-    return factor
+        return options.bound_factor(config.getoption("parity_bound_factor"))
+    except options.OptionError as e:
+        raise usage_error(e) from None
 
 
 def kept_builtins(config) -> set[str] | None:
     """The built-in backends --parity-backends keeps, or None for all of them."""
     text = config.getoption("parity_backends")
-    if text is None:
-        return None
-    from parity.execute.backends import BUILTIN  # late: the harness, only when --parity-backends is given
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in BUILTIN]
-    if not names or bad:
-        fail_usage("parity-backends", text, f"a comma-separated list of {list(BUILTIN)}")
-    return set(names)
+    try:
+        return None if text is None else set(options.builtin_backends(text))
+    except options.OptionError as e:
+        raise usage_error(e) from None
 
 
 def report_dir(config) -> Path:
@@ -201,9 +208,7 @@ def session_targets(config, mode: str) -> tuple[str, ...]:
 
 @functools.cache
 def tpu_targets(text: str | None) -> tuple[str, ...]:
-    from parity.model.targets import parse_targets  # late: the TPU target table, only when parity tests run
-
     try:
-        return parse_targets(text)
-    except ValueError as e:
-        raise pytest.UsageError(str(e).replace("--tpu-targets", "--parity-tpu-targets")) from None
+        return options.tpu_targets(text)
+    except options.OptionError as e:
+        raise usage_error(e) from None

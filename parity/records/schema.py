@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-SCHEMA_VERSION = 2  # 2: per-seed figures (tensors.*.seeds, seeds, seed_policy; issue 28)
+SCHEMA_VERSION = 2  # 2: per-seed figures (tensors.*.seeds, seeds, seed_policy)
 
 
 class TensorMetrics(TypedDict, total=False):

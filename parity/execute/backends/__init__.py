@@ -23,6 +23,7 @@ from parity.execute.proc import call_in_child
 from parity.model.host import tpu_attached
 from parity.model.spec import (
     BUILTIN,
+    CANDIDATE_FORM,
     FRAMEWORKS,
     MUTANT_PREFIX,
     NAME_RE,
@@ -41,9 +42,7 @@ def parse_candidate(text: str) -> tuple[str, str, str, str]:
     """(name, framework, module, function) of a candidate spec NAME=FRAMEWORK:MODULE:FUNCTION."""
     spec = parse_backend_spec(text) if "=" in str(text) else None
     if spec is None or not spec.is_candidate_spec:
-        raise SpecError(
-            f"--candidate {text!r}: expected NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
-        )
+        raise SpecError("candidate", text, CANDIDATE_FORM)
     return (spec.name, spec.framework, *spec.module_function())
 
 
@@ -60,12 +59,11 @@ def load_candidate_function(spec: BackendSpec | str):
     try:
         mod = _import_on_the_tpu_host(spec, module)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
-        raise SpecError(
-            f"--candidate {spec.text!r}: cannot import module {module!r}: {type(e).__name__}: {e}"
-        ) from None
+        problem = f"cannot import module {module!r}: {type(e).__name__}: {e}"
+        raise SpecError("candidate", spec.text, "", problem) from None
     fn = getattr(mod, func, None)
     if not callable(fn):
-        raise SpecError(f"--candidate {spec.text!r}: module {module!r} has no function {func!r}")
+        raise SpecError("candidate", spec.text, "", f"module {module!r} has no function {func!r}")
     return fn
 
 
@@ -114,9 +112,9 @@ def parse_specs(texts: list[str]) -> list[BackendSpec]:
     for text in texts:
         spec = as_spec(text)
         if spec.kind == "mutant" and spec.implementation not in BY_NAME:
-            raise SpecError(f"unknown mutant {spec.text!r}: expected mutant:NAME with NAME one of {sorted(BY_NAME)}")
+            raise SpecError("backends", spec.text, f"mutant:NAME with NAME one of {sorted(BY_NAME)}", "unknown mutant")
         if spec.name in seen:
-            raise SpecError(f"backend {spec.name!r} given twice")
+            raise SpecError("backends", spec.name, "each backend once", f"backend {spec.name!r} given twice")
         seen.add(spec.name)
         specs.append(spec)
     return specs
@@ -131,11 +129,12 @@ def check_specs(texts: list[str]) -> list[BackendSpec]:
     return specs
 
 
-def _check_specs_message(texts: list[str]) -> str | None:
+def _check_specs_message(texts: list[str]) -> tuple | None:
+    """check_specs's refusal as SpecError's arguments (they cross the process boundary), or None."""
     try:
         check_specs(texts)
     except SpecError as e:
-        return str(e)
+        return e.args
     return None
 
 
@@ -148,15 +147,20 @@ def check_specs_isolated(texts: list[str], timeout_s: float) -> list[BackendSpec
     status, value = call_in_child(_check_specs_message, ([s.text for s in specs],), timeout_s)
     if status == "timeout":
         raise SpecError(
-            f"importing the candidate modules of {[s.text for s in specs]} did not finish within "
-            f"{timeout_s:g} s (--timeout)"
+            "candidate",
+            None,
+            f"modules that import within {timeout_s:g} s ({{timeout}})",
+            f"importing the candidate modules of {[s.text for s in specs]} did not finish within {timeout_s:g} s",
         )
     if status == "died":
         raise SpecError(
-            f"importing the candidate modules of {[s.text for s in specs]} ended the process (exit code {value})"
+            "candidate",
+            None,
+            "",
+            f"importing the candidate modules of {[s.text for s in specs]} ended the process (exit code {value})",
         )
     if value:
-        raise SpecError(value)
+        raise SpecError(*value)
     return specs
 
 

@@ -8,7 +8,6 @@ ran. `execute` wraps a backend call so that any failure becomes a record.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 import traceback
@@ -72,13 +71,12 @@ class Backend(Protocol):
 @dataclasses.dataclass
 class CompileSubject:
     """What a jax backend compiles for TPU targets (parity.execute.tpu_compile): fn in FLA's calling
-    convention, traced inside `context` (e.g. a mutation switch); expect_mosaic when it claims
-    to be a Pallas kernel (its TPU module must then contain a Mosaic kernel); forward_only for a
-    candidate that declares itself forward-only (its forward program alone is compiled)."""
+    convention; expect_mosaic when it claims to be a Pallas kernel (its TPU module must then contain
+    a Mosaic kernel); forward_only for a candidate that declares itself forward-only (its forward
+    program alone is compiled)."""
 
     fn: Any
     implementation: str
-    context: Any = contextlib.nullcontext
     expect_mosaic: bool = True
     forward_only: bool = False  # compile the forward of every case (calling.forward_case)
 

@@ -126,43 +126,7 @@ class FlaBackend:
 
         how = self.kernel_call(case)  # Unsupported first: nothing imported for a case FLA cannot run
         cuda = _cuda()
-        fla_fn = _kernel(case, cuda)
-        chunk = fla_chunk_size(case)
-        extra = {} if how.chunk_size is None else {"chunk_size": how.chunk_size}
-
-        def call(
-            q,
-            k,
-            v,
-            g=None,
-            g_gamma=None,
-            beta=None,
-            b=None,
-            w=None,
-            scale=None,
-            initial_state=None,
-            output_final_state=False,
-            cu_seqlens=None,
-        ):
-            gates = {"g": g} if case.op != "simple_gla" or g is not None else {"g_gamma": g_gamma}
-            if beta is not None:
-                gates["beta"] = beta
-            if b is not None:
-                gates["b"], gates["w"] = b, w
-            if cu_seqlens is not None and how.cu_seqlens_int64:
-                cu_seqlens = cu_seqlens.long()
-            return fla_fn(
-                q,
-                k,
-                v,
-                **gates,
-                scale=scale,
-                initial_state=initial_state,
-                output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens,
-                **extra,
-            )
-
+        call = _fla_call(case, how, _kernel(case, cuda))
         if cuda:
             run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
             tensors, seconds = run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)
@@ -171,19 +135,6 @@ class FlaBackend:
             with np.errstate(all="ignore"):  # the interpreter's numpy sees masked-off exp overflows
                 tensors, seconds = run_torch(call, case, inputs, "cpu")
             platform = "cpu:triton-interpreter"
-        notes = {"chunk_size": chunk}
-        if not cuda:
-            notes["emulation"] = (
-                "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU; "
-                "tiles sized for an H100's shared memory"
-            )
-        missing = {
-            n: "FLA's autograd returns no gradient for it"
-            for n in case.output_names()
-            if n not in tensors and n in GRAD_NAMES.values()
-        }
-        if missing:
-            notes["unsupported_tensors"] = missing
         if cuda:
             numerics = "cuda"
         else:
@@ -195,5 +146,66 @@ class FlaBackend:
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
-            notes=notes,
+            notes=_notes(case, tensors, cuda),
         )
+
+
+def _fla_call(case: Case, how: KernelCall, fla_fn):
+    """The FLA kernel called with the keyword arguments of calling.run_torch: the case's gates
+    under FLA's names (simple_gla's g or g_gamma; beta; gdn2's b and w), int64 cu_seqlens and
+    the chunk size where FLA's kernel takes one."""
+    extra = {} if how.chunk_size is None else {"chunk_size": how.chunk_size}
+
+    def call(
+        q,
+        k,
+        v,
+        g=None,
+        g_gamma=None,
+        beta=None,
+        b=None,
+        w=None,
+        scale=None,
+        initial_state=None,
+        output_final_state=False,
+        cu_seqlens=None,
+    ):
+        gates = {"g": g} if case.op != "simple_gla" or g is not None else {"g_gamma": g_gamma}
+        if beta is not None:
+            gates["beta"] = beta
+        if b is not None:
+            gates["b"], gates["w"] = b, w
+        if cu_seqlens is not None and how.cu_seqlens_int64:
+            cu_seqlens = cu_seqlens.long()
+        return fla_fn(
+            q,
+            k,
+            v,
+            **gates,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
+            **extra,
+        )
+
+    return call
+
+
+def _notes(case: Case, tensors: dict, cuda: bool) -> dict:
+    """The record's notes: the chunk size FLA used, what the interpreter emulates, and the
+    gradients FLA returns none of (unsupported_tensors, with the reason)."""
+    notes: dict = {"chunk_size": fla_chunk_size(case)}
+    if not cuda:
+        notes["emulation"] = (
+            "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU; "
+            "tiles sized for an H100's shared memory"
+        )
+    missing = {
+        n: "FLA's autograd returns no gradient for it"
+        for n in case.output_names()
+        if n not in tensors and n in GRAD_NAMES.values()
+    }
+    if missing:
+        notes["unsupported_tensors"] = missing
+    return notes

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from cases import Case
@@ -11,6 +9,7 @@ from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.jax_backends import PallasBackend
 from parity.model.spec import BackendSpec, KernelCall, Unsupported
 from parity.mutants import BY_NAME
+from parity.mutants.patched import mutant_kernel
 
 
 class MutantBackend:
@@ -24,28 +23,21 @@ class MutantBackend:
 
     def kernel_call(self, case: Case) -> KernelCall:
         raise ValueError(
-            f"{self.name} is a switch inside kernels_jax, not a standalone kernel: "
-            f"repro the {self.mutant.impl} kernel with the switch {self.mutant.switch!r} on"
+            f"{self.name} is the {self.mutant.impl} kernel with a planted bug (parity.mutants), not a standalone "
+            f"kernel: repro the {self.mutant.impl} kernel"
         )
 
     def compile_subject(self, case: Case) -> CompileSubject:
-        """The mutated kernel and the switch it is traced under, for the TPU compile check."""
-        # late: kernels_jax imports jax (heavy), only when a mutant is compiled or run
-        from kernels_jax.common import mutation
-
+        """The mutated kernel, for the TPU compile check: from the mutant's copy of kernels_jax
+        (parity.mutants.patched), its module named after the mutant."""
         m = self.mutant
         if case.op != m.op:
             raise Unsupported(f"{self.name} mutates the {m.op} kernel")
-        fn = PallasBackend(m.impl).kernel(case)
-        return CompileSubject(
-            m.wrap(fn) if m.wrap else fn,
-            f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
-            context=functools.partial(mutation.enabled, *([m.switch] if m.switch else [])),
-        )
+        fn = mutant_kernel(m, case)
+        return CompileSubject(m.wrap(fn) if m.wrap else fn, f"{fn.__module__}.{fn.__name__} with mutation {m.name}")
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         subject = self.compile_subject(case)
-        with subject.context():
-            return PallasBackend.execute(
-                subject.fn, case, inputs, implementation=subject.implementation, notes={"mutant": self.mutant.name}
-            )
+        return PallasBackend.execute(
+            subject.fn, case, inputs, implementation=subject.implementation, notes={"mutant": self.mutant.name}
+        )

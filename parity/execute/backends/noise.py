@@ -1,4 +1,4 @@
-"""`noise:REL`: a test subject whose compute error is known (issue 28's candidates). Its result is
+"""`noise:REL`: a test subject whose compute error is known (the candidates of `parity power`). Its result is
 the exact one (the float64 oracle) plus Gaussian noise of relative rms REL added before the final
 rounding to the output dtype, on every tensor the case returns in a low-precision dtype (bfloat16
 or float16); its float32 tensors are the oracle rounded to float32. A candidate with REL = 1.25 x

@@ -1,7 +1,7 @@
 """Run unmodified Triton kernels (FLA's) on a CPU through Triton's interpreter.
 
 `TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but four things stop
-FLA's kernels from running or from computing the numbers an H100 computes (shared/DESIGN.md).
+FLA's kernels from running or from computing the numbers an H100 computes.
 `enable()` handles them by patching the imported triton classes at run time; no installed
 file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5. and 6.):
 
@@ -32,11 +32,11 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    triton.language for the interpreter (inspect.getmembers over tl, tl.core, tl.math, ...),
    although the kernel's launch has patched it already and restores it when it ends: on
    kda-fwdbwd-B2-T128-H2-K64-V64-fp32-C64-g_stress-h0-ht 17,504 such calls took 25 s of
-   FLA's 94 s (cProfile). A helper whose language modules the launch has patched now skips
-   it; what the kernel computes is unchanged (the same patched functions are in place).
+   FLA's 94 s (cProfile). A helper whose language modules the launch has patched skips it;
+   what the kernel computes is the same (the same patched functions are in place).
 6. Speed: two of triton's front-end steps, run at every interpreted operation, take their
    shortcut where the answer is known (`_patch_front_end`): the numpy dtype of a triton type
-   (a 17-entry dict was built per call) is remembered per scalar type, and broadcasting two
+   (triton builds a 17-entry dict per call) is remembered per scalar type, and broadcasting two
    blocks of one shape, or two scalars, returns them as they are, as triton's own code does
    after comparing them dimension by dimension. kda-fwdbwd-B2-T128-H2-K64-V64-bf16-C128-g_logsig-h0:
    about 15% less CPU time; the same bits (tests/test_fla_backend.py).
@@ -191,37 +191,57 @@ def _patch_range(interpreter) -> None:
 # 3. bfloat16 arithmetic ------------------------------------------------------------------
 
 
-def _patch_bfloat16(interpreter) -> None:
-    import ml_dtypes
-    import triton.language as tl
+class _Bfloat16:
+    """The interpreter's bfloat16 handles (raw uint16 bits) as float32 values and back."""
 
-    TensorHandle, Builder = interpreter.TensorHandle, interpreter.InterpreterBuilder
+    def __init__(self, interpreter):
+        import ml_dtypes
+        import triton.language as tl
 
-    def is_bf16(h) -> bool:
-        return h is not None and h.dtype.scalar == tl.bfloat16
+        self.tl = tl
+        self.TensorHandle = interpreter.TensorHandle
+        self.np_bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
-    def widen(h):
-        if not is_bf16(h):
+    def is_bf16(self, h) -> bool:
+        return h is not None and h.dtype.scalar == self.tl.bfloat16
+
+    def widen(self, h):
+        """bfloat16 bits -> the float32 handle of their value; others unchanged."""
+        if not self.is_bf16(h):
             return h
         f32 = (h.data.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return TensorHandle(f32, tl.float32)
+        return self.TensorHandle(f32, self.tl.float32)
 
-    def narrow(h):
+    def narrow(self, h):
         """float32 result -> bfloat16 bits (round to nearest even); others unchanged."""
         if h.data.dtype != np.float32:
             return h
-        bits = np.asarray(h.data, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
-        return TensorHandle(bits, tl.bfloat16)
+        bits = np.asarray(h.data, np.float32).astype(self.np_bfloat16).view(np.uint16)
+        return self.TensorHandle(bits, self.tl.bfloat16)
+
+
+def _patch_bfloat16(interpreter) -> None:
+    bf16 = _Bfloat16(interpreter)
+    Builder = interpreter.InterpreterBuilder
+    _patch_bf16_elementwise(Builder, bf16)
+    _patch_dot(Builder, bf16)
+    _patch_bf16_cast(Builder, bf16)
+    _patch_bf16_reductions(interpreter, bf16)
+
+
+def _patch_bf16_elementwise(Builder, bf16: _Bfloat16) -> None:
+    """Arithmetic, comparisons, fma, rsqrt, erf and where() on bf16 operands compute on float32 values."""
+    TensorHandle = bf16.TensorHandle
 
     def on_values(method):
         """Wrap a builder method so bf16 operands are computed on as float32 values."""
 
         @functools.wraps(method)
         def wrapped(self, *args):
-            if not any(isinstance(a, TensorHandle) and is_bf16(a) for a in args):
+            if not any(isinstance(a, TensorHandle) and bf16.is_bf16(a) for a in args):
                 return method(self, *args)
-            out = method(self, *[widen(a) if isinstance(a, TensorHandle) else a for a in args])
-            return narrow(out)
+            out = method(self, *[bf16.widen(a) if isinstance(a, TensorHandle) else a for a in args])
+            return bf16.narrow(out)
 
         return wrapped
 
@@ -234,64 +254,75 @@ def _patch_bfloat16(interpreter) -> None:
     original_ternary = Builder.ternary_op
 
     def ternary_op(self, lhs, rhs, other, op):
-        if op is np.where and is_bf16(rhs) == is_bf16(other):
+        if op is np.where and bf16.is_bf16(rhs) == bf16.is_bf16(other):
             return original_ternary(self, lhs, rhs, other, op)  # selecting bits is exact
-        args = [widen(x) for x in (lhs, rhs, other)]
+        args = [bf16.widen(x) for x in (lhs, rhs, other)]
         out = original_ternary(self, *args, op)
-        return narrow(out) if any(is_bf16(x) for x in (rhs, other)) else out
+        return bf16.narrow(out) if any(bf16.is_bf16(x) for x in (rhs, other)) else out
 
     Builder.ternary_op = ternary_op
 
-    original_dot = Builder.create_dot
 
+def _patch_dot(Builder, bf16: _Bfloat16) -> None:
+    """tl.dot as on the GPU: float32 operands of a "tf32" dot rounded to TF32 (to_tf32), bf16
+    operands computed on as float32 values, a bf16 accumulator rounded back."""
     from triton._C.libtriton import ir
 
+    original_dot = Builder.create_dot
     tf32 = ir.INPUT_PRECISION.TF32
 
     def as_tf32(h):
-        if h.dtype.scalar != tl.float32:
+        if h.dtype.scalar != bf16.tl.float32:
             return h
-        return TensorHandle(to_tf32(h.data), tl.float32)
+        return bf16.TensorHandle(to_tf32(h.data), bf16.tl.float32)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if input_precision == tf32:  # the GPU's default for float32 operands: TF32 tensor cores
             a, b = as_tf32(a), as_tf32(b)
-        if not (is_bf16(a) or is_bf16(b) or is_bf16(d)):
+        if not (bf16.is_bf16(a) or bf16.is_bf16(b) or bf16.is_bf16(d)):
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-        out = original_dot(self, widen(a), widen(b), widen(d), input_precision, max_num_imprecise_acc)
-        return narrow(out) if is_bf16(d) else out
+        out = original_dot(self, bf16.widen(a), bf16.widen(b), bf16.widen(d), input_precision, max_num_imprecise_acc)
+        return bf16.narrow(out) if bf16.is_bf16(d) else out
 
     Builder.create_dot = create_dot
 
+
+def _patch_bf16_cast(Builder, bf16: _Bfloat16) -> None:
+    tl = bf16.tl
     original_cast = Builder.cast_impl
 
     def cast_impl(self, src, dst_type):
         """Casts into or out of bfloat16 go through float32 values, never through bits, and
         round to nearest even into bfloat16 (measured on an H100: with the interpreter's own
-        truncating cast, FLA's bf16 error came out 2.5x the GPU's)."""
-        src_bf16, dst_bf16 = is_bf16(src), dst_type.scalar == tl.bfloat16
+        truncating cast, FLA's bf16 error comes out 2.5x the GPU's)."""
+        src_bf16, dst_bf16 = bf16.is_bf16(src), dst_type.scalar == tl.bfloat16
         if src_bf16 and dst_bf16:
             return src
         if src_bf16:
-            return widen(src) if dst_type.scalar == tl.float32 else original_cast(self, widen(src), dst_type)
+            widened = bf16.widen(src)
+            return widened if dst_type.scalar == tl.float32 else original_cast(self, widened, dst_type)
         if dst_bf16:  # round to nearest even, as the GPU's cvt.rn.bf16.f32 (the interpreter truncates)
-            return narrow(src if src.dtype.scalar == tl.float32 else original_cast(self, src, tl.float32))
+            return bf16.narrow(src if src.dtype.scalar == tl.float32 else original_cast(self, src, tl.float32))
         return original_cast(self, src, dst_type)
 
     Builder.cast_impl = cast_impl  # create_fp_ext, create_si_to_fp, ... all call self.cast_impl
 
-    def reduce_on_values(method):
-        """Wrap a ReduceOps/ScanOps numpy fast path (sum, max, cumsum, ...) likewise."""
 
+def _patch_bf16_reductions(interpreter, bf16: _Bfloat16) -> None:
+    """The ReduceOps/ScanOps numpy fast paths (sum, min/max, cumsum, cumprod) on bf16 inputs
+    compute on float32 values and round their float32 results back to bfloat16."""
+    tl = bf16.tl
+
+    def reduce_on_values(method):
         @functools.wraps(method)
         def wrapped(self, input, *rest, **kw):
             if input.dtype != tl.bfloat16:
                 return method(self, input, *rest, **kw)
-            out = method(self, self.to_tensor(widen(input.handle).data, tl.float32), *rest, **kw)
+            out = method(self, self.to_tensor(bf16.widen(input.handle).data, tl.float32), *rest, **kw)
 
             def back(t):
                 if isinstance(t, tl.tensor) and t.dtype == tl.float32:
-                    return self.to_tensor(narrow(t.handle).data, tl.bfloat16)
+                    return self.to_tensor(bf16.narrow(t.handle).data, tl.bfloat16)
                 return t
 
             return type(out)(map(back, out)) if isinstance(out, (list, tuple)) else back(out)

@@ -1,0 +1,189 @@
+"""The option layer: the values both the command line (`--NAME`) and the pytest plugin
+(`--parity-NAME`) take, parsed and checked once: the case selection (suite, cases file, case
+ids, op, size limits), backends and candidates, the bound factor, TPU targets and the TPU
+interpret mode's target.
+
+Each check returns the parsed value or raises OptionError(field, value, allowed, problem)
+(parity.model.option_error):
+`field` is the option's name without a prefix ("bound-factor"), `allowed` the values it takes,
+in words. A surface adds its flag prefix (`message("--")`, `message("--parity-")`) and prints
+the line its way: the command line exits 2, the plugin raises pytest's usage error (exit 4).
+
+Standard library only at import (the plugin imports this module in every pytest session):
+the case registry and the TPU target table are imported inside the checks that need them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from parity.model.option_error import OptionError
+from parity.model.spec import BUILTIN, CANDIDATE_FORM, SpecError, parse_backend_spec
+
+DEFAULT_BOUND_FACTOR = 1.0
+
+
+# ------------------------------------------------------------------------------ numbers
+
+
+def int_at_least(field: str, text: str, low: int) -> int:
+    """An int >= low, from its text."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value < low:
+        raise OptionError(field, text, f"an int >= {low}")
+    return value
+
+
+def finite_at_least(field: str, text: str, low: float, allowed: str | None = None) -> float:
+    """A finite number >= low, from its text."""
+    allowed = allowed or f"a finite number >= {low:g}"
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= low):
+        raise OptionError(field, text, allowed)
+    return value
+
+
+def bound_factor(text: str | None) -> float:
+    """eps_candidate <= F * eps_reference + floor: F finite, >= 0; None -> 1."""
+    return DEFAULT_BOUND_FACTOR if text is None else finite_at_least("bound-factor", text, 0)
+
+
+def size_limit(field: str, text: str) -> int:
+    """max-elements or max-bytes: an int >= 1."""
+    return int_at_least(field, text, 1)
+
+
+# ------------------------------------------------------------------------------ cases
+
+
+def select_cases(
+    suite: str | None,
+    cases_file: str | None,
+    case_ids: list[str] | None,
+    op: str | None,
+    max_elements: int,
+    max_bytes: int,
+) -> list:
+    """The cases of exactly one source (a suite name, a JSON cases file, or case ids; case_ids
+    None where the surface has no such option), of `op` if given, each within the size limits."""
+    from cases import Case, CaseError, get_suite, load_cases_file  # late: the case registry (numpy)
+
+    given = [x for x in (suite, cases_file, case_ids) if x]
+    if len(given) != 1:
+        sources = "{suite} NAME, {cases} FILE" + (", {case} ID" if case_ids is not None else "")
+        raise OptionError("suite", suite, f"exactly one of {sources}", f"{len(given)} case sources given")
+    if suite:
+        cases = get_suite(check_suite(suite))
+    elif cases_file:
+        check_cases_file(cases_file)
+        try:
+            cases = load_cases_file(cases_file)
+        except CaseError as e:
+            raise OptionError("cases", cases_file, "", str(e)) from None
+    else:
+        cases = []
+        for case_id in case_ids:
+            try:
+                cases.append(Case.from_id(case_id))
+            except CaseError as e:
+                raise OptionError("case", case_id, "", str(e)) from None
+    if op:
+        cases = [c for c in cases if c.op == check_op(op)]
+    for c in cases:
+        check_size(c, max_elements, max_bytes)
+    return cases
+
+
+def check_suite(name: str) -> str:
+    from cases import SUITES  # late: the case registry (numpy)
+
+    if name not in SUITES:
+        raise OptionError("suite", name, f"one of {list(SUITES)}", f"unknown suite {name!r}")
+    return name
+
+
+def check_op(name: str) -> str:
+    from cases import OPS  # late: the case registry (numpy)
+
+    if name not in OPS:
+        raise OptionError("op", name, f"one of {list(OPS)}", f"unknown op {name!r}")
+    return name
+
+
+def check_cases_file(path: str) -> str:
+    if not Path(path).is_file():
+        raise OptionError("cases", path, "a JSON file of case dicts or ids")
+    return path
+
+
+def check_size(case, max_elements: int, max_bytes: int) -> None:
+    """Refuse a case whose inputs exceed max_elements elements or max_bytes bytes in float64
+    (the field named is the limit it exceeds)."""
+    from cases.inputs import input_size  # late: the case registry (numpy)
+
+    n, nbytes = input_size(case)
+    if n <= max_elements and nbytes <= max_bytes:
+        return
+    field, limit = ("max-elements", max_elements) if n > max_elements else ("max-bytes", max_bytes)
+    raise OptionError(
+        field,
+        limit,
+        "{max-elements} and {max-bytes} limits this case fits in",
+        f"case {case.id}: inputs of {n} elements ({nbytes} bytes in float64) exceed the limit of "
+        f"{max_elements} elements and {max_bytes} bytes",
+    )
+
+
+# ------------------------------------------------------------------------------ backends
+
+
+def backend_list(text: str) -> list[str]:
+    """Comma-separated backend names: none empty, at least one."""
+    names = [x.strip() for x in text.split(",")]
+    if not text.strip() or any(not x for x in names):
+        allowed = "a comma-separated list of backend names, none empty, e.g. oracle,fla,pallas"
+        raise OptionError("backends", text, allowed)
+    return names
+
+
+def builtin_backends(text: str) -> list[str]:
+    """Comma-separated built-in backend names (oracle, fla, pallas, pallas-fused)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names or any(n not in BUILTIN for n in names):
+        raise OptionError("backends", text, f"a comma-separated list of {list(BUILTIN)}")
+    return names
+
+
+def candidates(texts: list[str]) -> list[str]:
+    """Each a candidate spec NAME=FRAMEWORK:MODULE:FUNCTION, by its form (nothing imported)."""
+    for text in texts:
+        spec = parse_backend_spec(text) if "=" in text else None
+        if spec is None or not spec.is_candidate_spec:
+            raise SpecError("candidate", text, CANDIDATE_FORM)
+    return list(texts)
+
+
+# ------------------------------------------------------------------------------ TPU
+
+
+def tpu_targets(text: str | None) -> tuple[str, ...]:
+    """'v5e,v6e' -> ('v5e', 'v6e'); 'none' -> (); None -> this machine's default."""
+    from parity.model.targets import parse_targets  # late: the TPU target table and libtpu's presence
+
+    return parse_targets(text)
+
+
+def interpret_as(text: str) -> str:
+    """The TPU target TPU interpret mode answers as: one of the TPU targets."""
+    from parity.model.targets import TARGETS  # late: the TPU target table
+
+    if text not in TARGETS:
+        raise OptionError("tpu-interpret-as", text, f"one of {list(TARGETS)}")
+    return text
