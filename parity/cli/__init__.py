@@ -44,7 +44,6 @@ from pathlib import Path
 from cases import CaseError
 from parity.cli import calibrate, cases, compile, diff, fuzz, gate, mutants, power, report, repro, run
 from parity.cli.common import UsageError
-from parity.execute.backends import SpecError
 from parity.judge.diff import DiffRefusal
 from parity.judge.gate import GateRefusal
 from parity.model.options import OptionError
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except OptionError as e:  # a value parity.model.options refused: named with this surface's flag
         print(f"parity {a.cmd}: {e.message('--')}", file=sys.stderr)
         return 2
-    except (UsageError, CaseError, SpecError, RecordError) as e:
+    except (UsageError, CaseError, RecordError) as e:
         print(f"parity {a.cmd}: {e}", file=sys.stderr)
         return 2
     except (GateRefusal, DiffRefusal) as e:  # records that cannot be compared
