@@ -1,4 +1,4 @@
-"""The gate's power table over a suite's fwdbwd cases (README, "The bound"): FLA on every
+"""The gate's power table over a suite's fwdbwd cases (docs/bound.md, "Power"): FLA on every
 case with the seeds its verdicts may use, then `parity power` over those runs.
 
 An undecided tensor may wait for BLOCKS_ENOUGH blocks (parity.measure.compute_error), so a case whose

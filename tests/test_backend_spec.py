@@ -38,11 +38,16 @@ def test_each_form_parses_to_its_fields(text, name, side, kind, implementation):
     assert REFERENCE == "fla"
 
 
-def test_the_repro_command_reruns_the_same_spec():
+def test_the_repro_command_reruns_the_same_spec_beside_the_reference():
+    """With the reference (fla) the command's own gate judges the bound again; each repro its own directory."""
     assert repro_command("X", parse_backend_spec("mine=jax:m:f")).endswith(
-        "--case X --backends oracle --candidate mine=jax:m:f --out repro"
+        "--case X --backends oracle,fla --candidate mine=jax:m:f --out repro/mine/X"
     )
-    assert "--backends oracle,mutant:zero-dg-gamma " in repro_command("X", "mutant:zero-dg-gamma")
+    assert "--backends oracle,fla,mutant:zero-dg-gamma " in repro_command("X", "mutant:zero-dg-gamma")
+    assert "--backends oracle,fla --out" in repro_command("X", "fla")
+    assert "--backends oracle --out" in repro_command("X", "oracle")
+    assert "--seeds" not in repro_command("X", "pallas", (3, 64))  # the default policy
+    assert "--backends oracle,fla,pallas --seeds 2:8 --out" in repro_command("X", "pallas", (2, 8))
 
 
 @pytest.mark.parametrize(

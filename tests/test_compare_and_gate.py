@@ -8,7 +8,14 @@ import pytest
 
 from cases import Case, make_inputs
 from parity.judge.gate import GateRefusal, evaluate, format_summary, run_gate
-from parity.measure.compare import bound, bound_localisation, compare_tensor, describe_localisation, rel_rms
+from parity.measure.compare import (
+    bound,
+    bound_localisation,
+    compare_tensor,
+    describe_bound,
+    describe_localisation,
+    rel_rms,
+)
 from parity.measure.tol import TOL_VERSION, calibrate, growth, output_dtype, tol
 from references import oracle_run
 
@@ -88,13 +95,30 @@ def test_localisation_finds_the_first_bad_token_and_head_and_nan():
     assert m["verdict"] == "nan-inf"
     assert (m["localisation"]["first_chunk"], m["localisation"]["first_t"], m["localisation"]["head"]) == (2, 140, 1)
     assert describe_localisation(m["localisation"]).endswith("first over tol: chunk 2 (t=140), head 1")
+    # in words, across the heads and along the sequence: only head 1 (0 and 2 within), one chunk of 3
+    assert describe_localisation(m["localisation"]).startswith(
+        "heads: only head 1 over tol (heads 0, 2 within); along the sequence: 1 of 3 chunks over tol"
+    )
 
 
 def test_state_localisation_names_the_sequence_and_head(oracle):
     ht = oracle["ht"].copy()  # [N=3, H=2, K, V]
     ht[1, 0] *= 1.5  # sequence 1, head 0
     loc = compare_tensor(CASE, "ht", ht, oracle["ht"])["localisation"]
-    assert loc == {"against": "tol", "sequence": 1, "head": 0, "pattern": "one-sequence"}
+    assert loc == {
+        "against": "tol",
+        "sequence": 1,
+        "head": 0,
+        "pattern": "one-sequence",
+        "heads": [0],
+        "n_heads": 2,
+        "rows_over": [1],
+        "n_rows": 3,
+    }
+    assert describe_localisation(loc) == (
+        "heads: only head 0 over tol (head 1 within); sequences: sequence 1 of 3 over tol; "
+        "first over tol: sequence 1, head 0"
+    )
 
 
 def test_gate_gradient_localisation_names_the_head():
@@ -107,8 +131,8 @@ def test_gate_gradient_localisation_names_the_head():
     x[2] = 0.0  # a zero gradient in head 2 (the class of parity.mutants.catalogue's zero-dg-gamma)
     m = compare_tensor(c, "dg_gamma", x, r, error_scales(out)["dg_gamma"])
     assert m["verdict"] == "fail-accuracy"
-    assert m["localisation"] == {"against": "tol", "head": 2, "pattern": "one-head"}
-    assert describe_localisation(m["localisation"]) == "one-head; head 2"
+    assert m["localisation"] == {"against": "tol", "head": 2, "pattern": "one-head", "heads": [2], "n_heads": 3}
+    assert describe_localisation(m["localisation"]) == "heads: only head 2 over tol (heads 0, 1 within)"
 
 
 def test_bound_failure_is_localised_against_the_reference_per_chunk_and_head():
@@ -239,6 +263,25 @@ def test_bound_uses_factor_on_compute_error_and_floor_on_max_abs():
     assert bound({**rec(1e-6, 1e-2), "rel_rms": None, "nan": 3}, ref)["verdict"] == "fail-bound"
     no_figures = {k: v for k, v in rec(1e-6, 1e-2).items() if k != "blocks"}
     assert bound(no_figures, ref)["verdict"] == "inconclusive"
+    # each verdict names the rule that decided it, with that rule's figures
+    assert [
+        bound(*args)["rule"]
+        for args in (
+            (rec(1e-6, 1e-2), ref, 1.0, 1, 1),
+            (rec(1e-6, 2.2e-2), ref, 1.0, 1, 1),
+            (rec(2.0e-6, 1e-2), ref, 1.0, 1, 1),
+            ({**rec(1e-6, 1e-2), "rel_rms": None, "nan": 3}, ref),
+            (no_figures, ref),
+        )
+    ] == ["ratio-interval", "max-abs", "ratio-interval", "nan-inf", "no-common-seed"]
+    assert describe_bound(bound(rec(1e-6, 2.2e-2), ref, 1.0, 1, 1)).startswith(
+        "max-abs: max_abs 0.022 > limit 0.021 (factor 1 x 2 x the reference's 0.01 + floor_abs 0.001)"
+    )
+    assert "lo " in describe_bound(bound(rec(2.0e-6, 1e-2), ref, 1.0, 1, 1)).split("; ")[-1]
+    # a tie on one seed with max_abs over its limit: the max-abs rule decides, the compute error said beside it
+    one_seed = bound(rec(1e-6, 2.2e-2), ref, 1.0, 3, 64)
+    assert one_seed["verdict"] == "fail-bound" and one_seed["rule"] == "max-abs"
+    assert "; compute error within the bound: compute error 1x the reference's" in describe_bound(one_seed)
 
 
 def test_a_reference_with_nan_bounds_nothing():
@@ -307,6 +350,7 @@ def test_candidate_with_twice_the_reference_error_fails_at_1_and_passes_at_4(tmp
     f = strict["failures"][0]
     assert 2.5 < f["ratio"] < 3.1 and f["interval"][0] > 1 and f["eps_candidate"] > f["eps_reference"]
     assert f["localisation"]["against"] == "bound" and "at: " in format_summary(strict)
+    assert f["rule"] == "ratio-interval" and f"fail-bound, decided by {f['why']}" in format_summary(strict)
     assert run_gate([tmp_path], 4.0)["ok"]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import numpy as np
 import pytest
@@ -455,6 +456,8 @@ def test_compile_page_matrix_and_escaping(compile_page):
     flat = " ".join(html.split())
     assert "3.00 MiB" in html and "median 0.60 s, max 2.50 s" in flat
     assert "gate.json compile section: 3 pairs, 2 ok, 1 failed" in flat
+    links = re.findall(r'<td class="id"><a href="#case=([^"]*)">', matrix)  # by case id, percent-encoded
+    assert sorted(unquote(x) for x in links) == sorted(got) and all("<" not in x and '"' not in x for x in links)
     for f in (compile_page.parent / "index_files" / "cases").glob("*.js"):
         assert "<" not in f.read_text()
 
@@ -515,6 +518,9 @@ def test_index_loads_without_errors(tab):
     ids = visible_ids(tab)
     assert len(ids) == 100  # first page
     assert ids[0] == HOSTILE_ID and ids[1] == FAILING.id  # failures first: error, then nan-inf
+    # a candidate's cell: the gate's verdict, then the tensor and rule that decided it
+    cell = tab.locator("#case-table tbody tr").nth(1).locator("td.bstart").last.text_content()
+    assert re.fullmatch(r"fail-accuracy (o|dq|dk|dv): tolerance", cell), cell
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SCREENSHOTS / "index.png"), full_page=False)
     assert tab.errors == []
@@ -566,8 +572,10 @@ def test_failing_detail_shows_plots(tab):
     assert o.locator(".plot.heatmap .heatmaplayer .hm").count() == 3  # one time x head map per backend
     assert o.locator("table.worst tbody tr").count() == 15
     assert "first over tol: chunk 2 (t=128), head 1" in o.locator("table.metrics").text_content()
+    # the rule that decided each verdict, as the terminal prints it: the candidate's tolerance check here
+    assert re.search(r"decided by.*tolerance: rel_rms \S+ > tol ", o.locator("table.metrics").text_content())
     assert "NaN" in o.text_content()
-    assert tab.locator(".repro code", has_text="--backends oracle,pallas").count() == 1
+    assert tab.locator(".repro code", has_text="--backends oracle,fla,pallas").count() == 1
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     o.scroll_into_view_if_needed()
     tab.screenshot(path=str(SCREENSHOTS / "failing-detail.png"), full_page=False)
@@ -617,6 +625,90 @@ def test_hostile_strings_render_as_text(tab):
         "[...document.scripts].every(s => !s.textContent.includes('__pwned=1') || s.type === 'application/json')"
     )
     assert tab.errors == []
+
+
+def test_case_links_are_case_ids(tab, page):
+    """index.html#case=<id> opens that case (percent-encoded or as typed); the table's links are ids;
+    a row number still opens its case; an id the report lacks says so over the table."""
+    href = tab.locator("#case-table td.id a").first.get_attribute("href")
+    assert href.startswith("#case=") and unquote(href[len("#case=") :]) == HOSTILE_ID
+    row_number = tab.locator("#case-table tr.row", has=tab.get_by_text(FAILING.id, exact=True)).get_attribute("data-n")
+    for hash_, case_id in (
+        (quote(FAILING.id, safe=""), FAILING.id),
+        (PASSING.id, PASSING.id),
+        (quote(HOSTILE_ID, safe=""), HOSTILE_ID),
+        (row_number, FAILING.id),
+    ):
+        tab.goto(f"{page.as_uri()}#case={hash_}")
+        tab.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+        assert tab.locator("#detail-title").text_content().endswith(case_id), hash_
+    tab.goto(f"{page.as_uri()}#case=no-such-case")
+    tab.wait_for_selector("#cases", state="visible")
+    assert tab.locator("#route-warn").text_content() == 'no case "no-such-case" in this report'
+    assert tab.evaluate("window.__pwned") is None and tab.errors == []
+
+
+# every visible table against its nearest sideways-scrolling ancestor (or the page): scrolled fully
+# right, its last column ends inside that ancestor, which is within the page and, where it scrolls,
+# no taller than the window (its scrollbar on screen with the rows); every plot's toolbar clear of
+# its legend, colour bar and title. Returns the problems found and what was measured.
+LAYOUT_JS = """() => {
+  const problems = [], seen = { tables: 0, scrolling: [], plots: 0, legends: 0 };
+  const W = document.documentElement.clientWidth, shown = e => e.getClientRects().length > 0;
+  if (document.documentElement.scrollWidth > W) problems.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${W}`);
+  for (const t of [...document.querySelectorAll("table")].filter(shown)) {
+    seen.tables++;
+    let c = t.parentElement;
+    while (c !== document.body && !["auto", "scroll"].includes(getComputedStyle(c).overflowX)) c = c.parentElement;
+    const name = t.id || t.className;
+    const row = t.rows[t.rows.length - 1], last = row.cells[row.cells.length - 1];
+    if (c === document.body) {
+      if (last.getBoundingClientRect().right > W + 1) problems.push(`${name}: last column past the page`);
+      continue;
+    }
+    if (c.scrollWidth > c.clientWidth) {
+      seen.scrolling.push(name);
+      if (c.getBoundingClientRect().height > window.innerHeight) problems.push(`${name}: scrolls sideways but is taller than the window`);
+    }
+    if (c.getBoundingClientRect().right > W + 1) problems.push(`${name}: its scroll container is past the page`);
+    c.scrollLeft = c.scrollWidth;
+    if (last.getBoundingClientRect().right > c.getBoundingClientRect().right + 1) problems.push(`${name}: last column out of reach`);
+    c.scrollLeft = 0;
+  }
+  const box = e => e.getBoundingClientRect();
+  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  for (const p of [...document.querySelectorAll(".js-plotly-plot")].filter(shown)) {
+    seen.plots++;
+    const bar = p.querySelector(".modebar");
+    if (!bar) { problems.push(`${p.id || p.className}: no toolbar`); continue; }
+    for (const sel of [".legend", ".colorbar", ".gtitle"]) {
+      for (const e of p.querySelectorAll(sel)) {
+        if (sel === ".legend") seen.legends++;
+        if (meet(box(bar), box(e))) problems.push(`${p.id || p.className}: toolbar covers ${sel}`);
+      }
+    }
+  }
+  return { problems, seen };
+}"""
+
+
+def test_page_fits_1280_and_plots_clear_of_the_toolbar(browser, page):
+    """At 1280x800 the index (its case table wider than the window) and the failing case's detail:
+    every table's last column reachable, no legend, colour bar or title under plotly's toolbar."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        pg = ctx.new_page()
+        pg.goto(page.as_uri())
+        pg.wait_for_selector("#bound-scatter[data-state='ready']", timeout=60_000)
+        index = pg.evaluate(LAYOUT_JS)
+        assert index["problems"] == [] and "case-table" in index["seen"]["scrolling"], index
+        assert index["seen"]["plots"] == 1 and index["seen"]["legends"] == 1, index
+        pg.goto(f"{page.as_uri()}#case={quote(FAILING.id, safe='')}")
+        pg.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
+        detail = pg.evaluate(LAYOUT_JS)
+        assert detail["problems"] == [] and detail["seen"]["plots"] >= 10 and detail["seen"]["legends"] >= 5, detail
+    finally:
+        ctx.close()
 
 
 def test_compile_matrix_and_detail_in_browser(compile_tab):
@@ -681,7 +773,7 @@ def test_unreadable_compile_record_is_refused_not_skipped(tmp_path):
 def test_unsupported_is_not_applicable_and_never_outranks_a_pass(tmp_path):
     """The smoke page's bug: pallas passes every case, pallas-fused has no kernel for most; each
     case's headline is its applicable candidates' verdict (pass), a case no candidate applies to
-    is 'unsupported' (shown as not applicable), and a failing candidate still shows."""
+    is 'unsupported' (the word the terminal and the gate print), and a failing candidate still shows."""
 
     def put(rec):
         write_json(result_path(tmp_path, rec["backend"], rec["case_id"]), rec)
@@ -718,4 +810,5 @@ def test_unsupported_is_not_applicable_and_never_outranks_a_pass(tmp_path):
     assert rows[none.id]["verdict"] == "unsupported"
     assert rep["summary"]["verdicts"] == {"fail-accuracy": 1, "unsupported": 1, "pass": 1}
     write_report([tmp_path], tmp_path / "index.html")
-    assert "not applicable 1" in (tmp_path / "index.html").read_text()
+    html = (tmp_path / "index.html").read_text()
+    assert "unsupported 1" in html and "not applicable" not in html

@@ -12,7 +12,8 @@ from parity.html.build import write_diff_page
 from parity.judge.case import Failure, judge_case
 from parity.judge.diff import format_diff, ratio_summary
 from parity.judge.gate import compile_summary, evaluate, format_compile_summary, load_compiles
-from parity.records import SCHEMA_VERSION, write_json
+from parity.model.spec import STATUSES
+from parity.records import SCHEMA_VERSION, VERDICT_ORDER, write_json
 
 from .helpers import SMALL_BF16, perturbed, record_from_tensors, reference_like
 
@@ -105,6 +106,59 @@ def test_evaluate_collects_judge_case(ref, fla_like):
     j = judge_case(C.id, recs)
     assert gate["cases"] == list(j.entries) and gate["failures"] == [f.as_dict() for f in j.failures]
     assert gate["ok"] is j.ok is False and gate["counts"] == {"fail-accuracy": 1, "pass": 1}
+
+
+def test_one_run_says_one_verdict_and_its_rule_on_the_terminal_the_page_and_in_pytest(tmp_path, capsys, ref, fla_like):
+    """A planted bug that only the bound sees: one element of o 6x as far off as the reference's worst
+    (its rel_rms within tolerance, so the record's own check passes). The run's table and the gate's
+    summary, the page's data and the plugin's failure text all give the pair the gate's verdict and
+    name the rule that decided it, with the same figures; none calls it a pass."""
+    from cases import make_inputs
+    from parity.cli.run import print_table
+    from parity.execute.backends.oracle import cached_oracle
+    from parity.execute.case import summary_line
+    from parity.html.build import build_report
+    from parity.judge.gate import format_summary, run_gate
+    from parity.pytest_plugin.checks import explain
+
+    from .helpers import write_records
+
+    oracle = cached_oracle(C, make_inputs(C))[0]
+    planted = {n: np.array(a, np.float64) for n, a in fla_like.items()}
+    worst = np.abs(planted["o"] - oracle["o"]).max()
+    planted["o"][0, 10, 0, 5] = oracle["o"][0, 10, 0, 5] + 6 * worst
+    bad = cand(planted)
+    assert bad["verdict"] == "pass"  # the tolerance alone passes it
+    write_records(tmp_path, ref, bad)
+    gate = run_gate([tmp_path])
+    j = judge_case(C.id, {"fla": ref, "pallas": bad})
+    o = j.entry("pallas")["tensors"]["o"]
+    assert (j.verdict, o["verdict"], o["rule"]) == ("fail-bound", "fail-bound", "max-abs")
+    assert o["why"].startswith("max-abs: max_abs ") and " > limit " in o["why"]
+    word, why = o["verdict"], o["why"]
+    assert word in VERDICT_ORDER and set(STATUSES) - {"ok"} <= set(VERDICT_ORDER)  # one vocabulary
+
+    # the terminal: the run's table (the gate's verdict for the pair, the tensor and rule) and the gate's lines
+    timing = {"per_backend_s": {}, "harness_overhead_share": None, "harness_overhead_s": 0.0}
+    summary = {"results": [summary_line(r) for r in (ref, bad)], "timing": timing, "cases": 1, "wall_time_s": 0.0}
+    print_table({**summary, "jobs": 1}, gate)
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith(C.id))
+    assert f"{word} o=" in row and "(max-abs)" in row and row.count("pass") == 1  # fla's tolerance check only
+    assert "fla (tolerance only)" in table
+    assert f"o: {word}, decided by {why}" in format_summary(gate) and "gate: FAIL" in format_summary(gate)
+
+    # the page: the case table's cell, the "where each backend ran" counts and the detail's tensor entry
+    page = build_report([tmp_path])
+    cell = page["rows"][0]["b"]["pallas"]
+    assert (cell["v"], cell["d"], cell["w"]) == (word, "o: max-abs", why)
+    assert {w["backend"]: w["verdicts"] for w in page["summary"]["where"]}["pallas"] == {word: 1}
+    detail = next(b for b in page["details"][0]["backends"] if b["name"] == "pallas")
+    assert detail["gate"]["tensors"]["o"]["why"] == why and detail["row_verdict"] == word
+
+    # pytest: the plugin's failure text
+    text = "\n".join(explain(C, {"fla": ref, "pallas": bad}, j))
+    assert f"[pallas] o: {word}\n  decided by {why}" in text
 
 
 # ------------------------------------------------------------------ TPU compile records

@@ -1,4 +1,4 @@
-"""The option layer (parity.model.options) behind both surfaces: each refusal the README promises
+"""The option layer (parity.model.options) behind both surfaces: each refusal docs/gate.md ("Failing closed") promises
 for an option, through the command line (`--NAME`, one line, exit 2) and through the pytest
 plugin (`--parity-NAME`, pytest's usage error, exit 4), naming the same option, value and
 allowed values; and the layer's own checks, with no flag in their messages."""

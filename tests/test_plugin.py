@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,7 @@ def test_planted_failing_candidate_fails_with_explanation_and_repro(tmp_path):
     assert p.returncode == 1, p.stdout[-3000:]
     out = p.stdout
     assert "[planted] o: nan-inf" in out
+    assert re.search(r"\[planted\] o: nan-inf\n  decided by nan-inf: \d+ NaN and \d+ Inf where the oracle", out)
     assert f"repro: parity run --case {CASE}" in out and f"--candidate {spec}" in out
     assert "planted ran on cpu:tpu-interpret" in out and "fla ran on cpu:triton-interpreter" in out
     assert "parity gate" in out and "gate: FAIL" in out  # the session gate ran at the end

@@ -1,34 +1,9 @@
 """The `parity` command line.
 
-    parity cases     --suite NAME | --cases FILE [--op OP] [--json]
-    parity run       --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends oracle,fla,pallas]
-                     [--candidate NAME=FRAMEWORK:MODULE:FUNCTION ...] [--out DIR] [-j N] [--shard I/N]
-                     [--timeout S] [--bound-factor F] [--seeds MIN:MAX] [--allow-inconclusive] [--no-html]
-    parity compile   --suite NAME | --cases FILE | --case ID ... [--op OP] [--backends pallas,pallas-fused]
-                     [--candidate SPEC ...] [--tpu-targets v5e,v6e,tpu7x] [--out DIR] [-j N]
-    parity gate      DIR [DIR ...] [--bound-factor F] [--out FILE] [--allow-mixed-numerics]
-                     [--allow-inconclusive]
-    parity power     DIR [DIR ...] [--reps N] [--bound-factor F] [--seeds MIN:MAX] [--out DIR]
-    parity calibrate DIR [DIR ...] [--write]
-    parity mutants   [--suite ci] [--only NAME] [--out DIR] [-j N] [--list]
-    parity report    DIR [DIR ...] -o FILE.html
-    parity repro     CASE_ID [--backend pallas | --candidate SPEC] -o DIR
-    parity diff      BASE NEW [--max-ratio 1.25] [-o PAGE.html] [-v]
-    parity fuzz      [--op OP] [--backends oracle[,fla]] [--candidate SPEC] [--time S] [--seed N] [-j N]
-                     [--max-examples N] [--timeout S] [--max-elements N] [--out DIR]
-
-Exit codes, the same for every command: 0 pass, 1 a parity failure (a failing gate; for
-`parity run` without a reference and a candidate to gate, an oracle or candidate record
-that is not a pass), 2 refused input, 3 an internal error of the harness; 130 / 143 when
-SIGINT / SIGTERM ended a run (what finished is kept and summarised).
-Refused input (unknown suite, op, backend, bad candidate spec or module, a case field of
-the wrong type, a case over the size limit, a bad -j / --timeout / --bound-factor /
---shard / --backends / --out, an unreadable or malformed record) -> one line on stderr
-naming the field and the allowed values, exit 2, before any case runs. An internal error
--> its traceback in a log file and one line pointing at it, exit 3.
-
 Each command is one module here (parity/cli/<command>.py: its options, `add_parser`, and its
-body); this module assembles the parser and maps what a command raises to its exit code.
+body); this module assembles the parser and maps what a command raises to its exit code
+(EXIT_CODES, printed by `parity --help`). Every command's usage is its `--help`, at a fixed
+width (HelpFormatter); docs/usage.md holds the same text, written by `python -m parity.cli.usage`.
 """
 
 from __future__ import annotations
@@ -52,6 +27,30 @@ from parity.records import RecordError
 COMMANDS = (cases, run, compile, mutants, fuzz, gate, power, calibrate, report, repro, diff)  # in `parity --help` order
 
 
+EXIT_CODES = """\
+exit codes, the same for every command:
+  0        pass
+  1        a parity failure: a failing gate; for `parity run` without a reference and a
+           candidate to gate, an oracle or candidate record that is not a pass
+  2        refused input (unknown suite, op, backend, bad candidate spec or module, a case
+           field of the wrong type, a case over the size limit, a bad option value, an
+           unreadable or malformed record): one line on stderr naming the field and the
+           allowed values, before any case runs
+  3        an internal error of the harness: its traceback in a log file, one line pointing at it
+  130/143  SIGINT / SIGTERM ended a run (what finished is kept and summarised)
+
+usage of every command: parity COMMAND --help"""
+
+HELP_WIDTH = 100  # columns of every --help, whatever the terminal: docs/usage.md holds the same text
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help at HELP_WIDTH columns; descriptions and epilogs printed as written."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=30, width=HELP_WIDTH)
+
+
 class Parser(argparse.ArgumentParser):
     """Bad arguments: one line naming the argument and the allowed values, exit 2."""
 
@@ -63,12 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="parity",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
         description="Parity harness for linear-attention kernels: "
         "FLA Triton (GPU) vs JAX Pallas (TPU) vs a float64 oracle.",
+        epilog=EXIT_CODES,
     )
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     add = sub.add_parser
-    sub.add_parser = lambda *a, **k: add(*a, allow_abbrev=False, **k)
+
+    def add_command(name, *, help, **k):
+        """A command's parser: its one-line `help` (in `parity --help`) is also its description."""
+        return add(name, help=help, description=help, allow_abbrev=False, formatter_class=HelpFormatter, **k)
+
+    sub.add_parser = add_command
     for command in COMMANDS:
         command.add_parser(sub)
     return p

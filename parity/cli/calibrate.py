@@ -14,7 +14,7 @@ from parity.records import iter_results
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("calibrate", help="fit tolerance coefficients from reference-side epsilons")
-    sp.add_argument("dirs", nargs="+")
+    sp.add_argument("dirs", nargs="+", metavar="DIR", help="run directories holding the reference's (fla) records")
     sp.add_argument("--write", action="store_true", help="write parity/measure/tolerances.json (a new version)")
     sp.set_defaults(fn=cmd_calibrate)
 

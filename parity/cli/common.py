@@ -28,12 +28,14 @@ class UsageError(Exception):
 def limit_options(sp) -> None:
     sp.add_argument(
         "--max-elements",
+        metavar="N",
         type=check.size_limit,
         default=MAX_INPUT_ELEMENTS,
         help=f"refuse a case whose inputs exceed this many elements (default {MAX_INPUT_ELEMENTS})",
     )
     sp.add_argument(
         "--max-bytes",
+        metavar="N",
         type=check.size_limit,
         default=MAX_INPUT_BYTES,
         help=f"refuse a case whose inputs exceed this many bytes in float64 (default {MAX_INPUT_BYTES})",
@@ -42,20 +44,31 @@ def limit_options(sp) -> None:
 
 def selection_options(sp, single: bool = False) -> None:
     """--suite, --cases, (with single) --case, --op and the size limits: read by select_cases."""
-    sp.add_argument("--suite", help="smoke, ci, stability, varlen, full, models, fla-tests")
-    sp.add_argument("--cases", help="JSON file: a list of case dicts or ids")
+    sp.add_argument("--suite", metavar="NAME", help="smoke, ci, stability, varlen, full, models, fla-tests")
+    sp.add_argument("--cases", metavar="FILE", help="JSON file: a list of case dicts or ids")
     if single:
-        sp.add_argument("--case", action="append", help="a case id (repeatable)")
-    sp.add_argument("--op", help="only this op: " + ", ".join(OPS))
+        sp.add_argument("--case", metavar="ID", action="append", help="a case id (repeatable)")
+    sp.add_argument("--op", metavar="OP", help="only this op: " + ", ".join(OPS))
     limit_options(sp)
 
 
 def tpu_options(sp) -> None:
     sp.add_argument(
         "--tpu-targets",
+        metavar="LIST",
         default=None,
         help=f"compile jax candidates for these TPU targets ({', '.join(TARGETS)}) or 'none'; "
         "default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached",
+    )
+
+
+def bound_factor_option(sp) -> None:
+    sp.add_argument(
+        "--bound-factor",
+        metavar="F",
+        type=check.bound_factor,
+        default=options.DEFAULT_BOUND_FACTOR,
+        help="compute error of the candidate <= F x the reference's (default 1; parity.measure.compute_error)",
     )
 
 

@@ -30,16 +30,22 @@ def add_parser(sub) -> None:
     selection_options(sp, single=True)
     sp.add_argument(
         "--backends",
+        metavar="LIST",
         type=check.backend_list,
         default=check.backend_list("pallas,pallas-fused"),
         help="comma-separated jax candidates (default pallas,pallas-fused)",
     )
-    sp.add_argument("--candidate", action="append", help="NAME=jax|pallas:MODULE:FUNCTION (repeatable)")
+    sp.add_argument("--candidate", metavar="SPEC", action="append", help="NAME=jax|pallas:MODULE:FUNCTION (repeatable)")
     sp.add_argument(
-        "--tpu-targets", default=None, help=f"comma-separated, from {list(TARGETS)} (default v5e,v6e,tpu7x)"
+        "--tpu-targets",
+        metavar="LIST",
+        default=None,
+        help=f"comma-separated, from {list(TARGETS)} (default v5e,v6e,tpu7x)",
     )
-    sp.add_argument("--out", type=check.output_dir, help="output directory (default reports/compile-<suite>)")
-    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")
+    sp.add_argument(
+        "--out", metavar="DIR", type=check.output_dir, help="output directory (default reports/compile-<suite>)"
+    )
+    sp.add_argument("-j", "--jobs", metavar="N", type=check.positive_int, default=1, help="parallel worker processes")
     sp.add_argument("-v", "--verbose", action="store_true", help="print each kernel's MXU matmul passes per target")
     sp.set_defaults(fn=cmd_compile)
 

@@ -17,11 +17,14 @@ def add_parser(sub) -> None:
     sp.add_argument("new", help="the new run's directory")
     sp.add_argument(
         "--max-ratio",
+        metavar="R",
         type=check.max_ratio,
         default=1.25,
         help="fail when a tensor's error grows by more than this factor (default 1.25)",
     )
-    sp.add_argument("-o", "--output", type=check.output_file, help="also write the diff as an HTML page")
+    sp.add_argument(
+        "-o", "--output", metavar="FILE", type=check.output_file, help="also write the diff as an HTML page"
+    )
     sp.add_argument("-v", "--verbose", action="store_true", help="print every tensor, not only the flagged ones")
     sp.set_defaults(fn=cmd_diff)
 

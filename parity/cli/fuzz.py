@@ -11,7 +11,7 @@ from pathlib import Path
 from cases import OPS
 from cases.strategies import Space
 from parity.cli import args as check
-from parity.cli.common import UsageError, interpret_as_option, prepare_out
+from parity.cli.common import UsageError, bound_factor_option, interpret_as_option, prepare_out
 from parity.execute.backends import BUILTIN, check_specs_isolated
 from parity.execute.tpu_identity import choose, exported
 from parity.fuzz import (
@@ -40,46 +40,86 @@ def add_parser(sub) -> None:
     sp = sub.add_parser("fuzz", help="hypothesis search over the case space for a failing case; shrinks it")
     sp.add_argument(
         "--op",
+        metavar="OP",
         help="op(s) to search, comma-separated: " + ", ".join(OPS) + " (default: every op the "
         "candidate has a kernel for)",
     )
     sp.add_argument(
         "--backends",
+        metavar="LIST",
         type=check.backend_list,
         default=check.backend_list("oracle"),
         help="oracle, or oracle,fla to enforce the bound against FLA (default oracle)",
     )
     sp.add_argument(
         "--candidate",
+        metavar="SPEC",
         help="the kernel searched: pallas, pallas-fused, mutant:NAME or "
         "NAME=FRAMEWORK:MODULE:FUNCTION (none with --backends oracle,fla: FLA itself)",
     )
+    search_budget_options(sp)
+    bound_factor_option(sp)
     sp.add_argument(
-        "--time", type=check.seconds, default=60.0, help="seconds per op and search to draw examples (default 60)"
+        "--out",
+        metavar="DIR",
+        type=check.output_dir,
+        default="reports/fuzz",
+        help="output directory (default reports/fuzz)",
+    )
+    sp.add_argument(
+        "--tpu-numerics",
+        metavar="MODEL",
+        default="",
+        choices=["", "tpu-mxu-v1", "float32"],
+        help="how jax candidates' dots compute off a TPU, as for parity run (default tpu-mxu-v1)",
+    )
+    interpret_as_option(sp)
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sp.set_defaults(fn=cmd_fuzz)
+
+
+def search_budget_options(sp) -> None:
+    """How long each search draws and shrinks, how many run, and how large a drawn case may be."""
+    sp.add_argument(
+        "--time",
+        metavar="S",
+        type=check.seconds,
+        default=60.0,
+        help="seconds per op and search to draw examples (default 60)",
     )
     sp.add_argument(
         "--shrink-time",
+        metavar="S",
         type=check.seconds,
         default=300.0,
         help="seconds more to shrink a failure once found (default 300)",
     )
-    sp.add_argument("--max-examples", type=check.positive_int, default=10**6, help="examples per search at most")
-    sp.add_argument("--seed", type=_seed, default=0, help="seed of the search (search i of -j uses seed + i)")
-    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="independent searches per op, in parallel")
+    sp.add_argument(
+        "--max-examples", metavar="N", type=check.positive_int, default=10**6, help="examples per search at most"
+    )
+    sp.add_argument(
+        "--seed", metavar="N", type=_seed, default=0, help="seed of the search (search i of -j uses seed + i)"
+    )
+    sp.add_argument(
+        "-j", "--jobs", metavar="N", type=check.positive_int, default=1, help="independent searches per op, in parallel"
+    )
     sp.add_argument(
         "--timeout",
+        metavar="S",
         type=check.seconds,
         default=300.0,
         help="seconds a backend may spend on one case before it is killed (a finding)",
     )
     sp.add_argument(
         "--max-elements",
+        metavar="N",
         type=check.positive_int,
         default=2**18,
         help="input elements of a drawn case at most (default 2^18: seconds per example on a CPU)",
     )
     sp.add_argument(
         "--max-t",
+        metavar="T",
         type=check.positive_int,
         default=None,
         help="sequence length T of a drawn case at most (default: the space's, "
@@ -87,6 +127,7 @@ def add_parser(sub) -> None:
     )
     sp.add_argument(
         "--variants",
+        metavar="N",
         type=check.count,
         default=DEFAULT_VARIANTS,
         help="examples run after each drawn case with the same shapes and new gate, gate parameters and seed, "
@@ -94,26 +135,12 @@ def add_parser(sub) -> None:
     )
     sp.add_argument(
         "--variant-share",
+        metavar="R",
         type=check.bound_factor,
         default=DEFAULT_VARIANT_SHARE,
         help="time the variants of a drawn case may take, as a multiple of that case's own time (its compiles "
         f"included; default {DEFAULT_VARIANT_SHARE:g}): more is more examples per second, fewer new shapes",
     )
-    sp.add_argument(
-        "--bound-factor", type=check.bound_factor, default=1.0, help="eps_candidate <= F * eps_reference + floor"
-    )
-    sp.add_argument(
-        "--out", type=check.output_dir, default="reports/fuzz", help="output directory (default reports/fuzz)"
-    )
-    sp.add_argument(
-        "--tpu-numerics",
-        default="",
-        choices=["", "tpu-mxu-v1", "float32"],
-        help="how jax candidates' dots compute off a TPU, as for parity run (default tpu-mxu-v1)",
-    )
-    interpret_as_option(sp)
-    sp.add_argument("--no-progress", action="store_true")
-    sp.set_defaults(fn=cmd_fuzz)
 
 
 def cmd_fuzz(a) -> int:

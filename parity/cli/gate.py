@@ -6,14 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.cli import args as check
+from parity.cli.common import bound_factor_option
 from parity.judge.gate import format_summary, run_gate
 
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("gate", help="merge results (any machines) and enforce the TPU <= GPU bound")
-    sp.add_argument("dirs", nargs="+")
-    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
-    sp.add_argument("--out", type=check.output_file, help="where to write gate.json (default DIR/gate.json)")
+    sp.add_argument("dirs", nargs="+", metavar="DIR", help="run directories to merge (from any machines)")
+    bound_factor_option(sp)
+    sp.add_argument(
+        "--out", metavar="FILE", type=check.output_file, help="where to write gate.json (default DIR/gate.json)"
+    )
     sp.add_argument(
         "--allow-partial",
         action="store_true",

@@ -23,6 +23,7 @@ from cases import Case
 from parity.cli import args as check
 from parity.cli.common import (
     UsageError,
+    bound_factor_option,
     interpret_as_option,
     prepare_out,
     select_cases,
@@ -47,9 +48,13 @@ def add_parser(sub) -> None:
     sp = sub.add_parser("mutants", help="run the catalogue of mutant kernels and score what the harness catches")
     selection_options(sp, single=True)
     sp.add_argument(
-        "--out", type=check.output_dir, default="reports/mutants", help="output directory (default reports/mutants)"
+        "--out",
+        metavar="DIR",
+        type=check.output_dir,
+        default="reports/mutants",
+        help="output directory (default reports/mutants)",
     )
-    sp.add_argument("--only", action="append", help="run only this mutant (repeatable)")
+    sp.add_argument("--only", metavar="NAME", action="append", help="run only this mutant (repeatable)")
     sp.add_argument(
         "--all-cases",
         action="store_true",
@@ -57,11 +62,13 @@ def add_parser(sub) -> None:
         "mutant at the first case that catches it",
     )
     sp.add_argument("--list", action="store_true", help="print the catalogue as JSON and exit")
-    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")
-    sp.add_argument("--timeout", type=check.seconds, default=900.0, help="seconds per backend call before it is killed")
-    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
+    sp.add_argument("-j", "--jobs", metavar="N", type=check.positive_int, default=1, help="parallel worker processes")
+    sp.add_argument(
+        "--timeout", metavar="S", type=check.seconds, default=900.0, help="seconds per backend call before it is killed"
+    )
+    bound_factor_option(sp)
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
-    sp.add_argument("--no-progress", action="store_true")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     tpu_options(sp)
     interpret_as_option(sp)
     sp.set_defaults(fn=cmd_mutants)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from parity.cli import args as check
+from parity.cli.common import bound_factor_option
 from parity.judge.power import LEVELS, REPS, format_table, ladder
 from parity.records import write_json
 
@@ -16,11 +17,17 @@ def add_parser(sub) -> None:
         "power",
         help="the gate's power: synthetic candidates at r x the reference's compute error, through the gate",
     )
-    sp.add_argument("dirs", nargs="+", help="run directories holding the reference's (fla) records")
-    sp.add_argument("--reps", type=check.positive_int, default=REPS, help=f"draws per level (default {REPS})")
-    sp.add_argument("--bound-factor", type=check.bound_factor, default=1.0)
-    sp.add_argument("--seeds", type=check.seeds, default=None, help="seed policy MIN:MAX (default: parity run's)")
-    sp.add_argument("--out", type=check.output_dir, help="where to write power.json and power.md (default DIR)")
+    sp.add_argument("dirs", nargs="+", metavar="DIR", help="run directories holding the reference's (fla) records")
+    sp.add_argument(
+        "--reps", metavar="N", type=check.positive_int, default=REPS, help=f"draws per level (default {REPS})"
+    )
+    bound_factor_option(sp)
+    sp.add_argument(
+        "--seeds", metavar="MIN:MAX", type=check.seeds, default=None, help="seed policy MIN:MAX (default: parity run's)"
+    )
+    sp.add_argument(
+        "--out", metavar="DIR", type=check.output_dir, help="where to write power.json and power.md (default DIR)"
+    )
     sp.set_defaults(fn=cmd_power)
 
 

@@ -12,8 +12,8 @@ from parity.records import check_dirs
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("report", help="write the HTML report")
-    sp.add_argument("dirs", nargs="+")
-    sp.add_argument("-o", "--output", type=check.output_file, required=True)
+    sp.add_argument("dirs", nargs="+", metavar="DIR", help="run directories")
+    sp.add_argument("-o", "--output", metavar="FILE", type=check.output_file, required=True, help="the page to write")
     sp.set_defaults(fn=cmd_report)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from parity.cli import args as check
 from parity.cli.common import (
     UsageError,
+    bound_factor_option,
     interpret_as_option,
     prepare_out,
     select_cases,
@@ -22,10 +23,12 @@ from parity.execute.backends import check_specs_isolated
 from parity.execute.backends.jax_backends import PallasBackend
 from parity.execute.runner import RunConfig, run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
+from parity.judge.case import deciding_tensor
 from parity.judge.gate import GateRefusal, format_summary, run_gate
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.host import tpu_attached
-from parity.records import RecordError
+from parity.model.spec import FRAMEWORKS
+from parity.records import UNJUDGED, RecordError
 
 DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
 
@@ -35,31 +38,32 @@ def add_parser(sub) -> None:
     selection_options(sp, single=True)
     sp.add_argument(
         "--backends",
+        metavar="LIST",
         type=check.backend_list,
         default=None,
         help=f"comma-separated (default {DEFAULT_BACKENDS}, less the built-in kernels that have "
         "no kernel for any selected case)",
     )
     sp.add_argument(
-        "--candidate", action="append", help="NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK jax or torch (repeatable)"
+        "--candidate",
+        metavar="SPEC",
+        action="append",
+        help=f"NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK one of {', '.join(FRAMEWORKS)} (repeatable)",
     )
-    sp.add_argument("--out", type=check.output_dir, help="output directory (default reports/<suite>)")
-    sp.add_argument("-j", "--jobs", type=check.positive_int, default=1, help="parallel worker processes")
-    sp.add_argument("--shard", type=check.shard, help="run shard I/N of the cases (1-based)")
+    sp.add_argument("--out", metavar="DIR", type=check.output_dir, help="output directory (default reports/<suite>)")
+    sp.add_argument("-j", "--jobs", metavar="N", type=check.positive_int, default=1, help="parallel worker processes")
+    sp.add_argument("--shard", metavar="I/N", type=check.shard, help="run shard I/N of the cases (1-based)")
     sp.add_argument(
         "--timeout",
+        metavar="S",
         type=check.seconds,
         default=900.0,
         help="seconds a worker may spend on one backend of a case (its import included) before it is killed",
     )
-    sp.add_argument(
-        "--bound-factor",
-        type=check.bound_factor,
-        default=1.0,
-        help="compute error of the candidate <= F x the reference's (parity.measure.compute_error)",
-    )
+    bound_factor_option(sp)
     sp.add_argument(
         "--seeds",
+        metavar="MIN:MAX",
         type=check.seeds,
         default=(SEEDS_MIN, SEEDS_MAX),
         help=f"input seeds per case, MIN:MAX (default {SEEDS_MIN}:{SEEDS_MAX}): the case's own seed, then seeds "
@@ -71,11 +75,12 @@ def add_parser(sub) -> None:
         help="the run's own gate passes a tensor whose bound stays undecided at MAX seeds (listed apart)",
     )
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
-    sp.add_argument("--no-progress", action="store_true")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     tpu_options(sp)
     interpret_as_option(sp)
     sp.add_argument(
         "--tpu-numerics",
+        metavar="MODEL",
         default="",
         choices=["", "tpu-mxu-v1", "float32"],
         help="how jax candidates' dots compute off a TPU: tpu-mxu-v1 (default: as the TPU's MXU) "
@@ -116,7 +121,8 @@ def cmd_run(a) -> int:
                 seeds=a.seeds,
             ),
         )
-    _print_table(summary)
+    gate, rc, gate_text = (None, 0, "") if summary["interrupted"] else _judge(out, specs, summary, a)
+    print_table(summary, gate)
     if summary["interrupted"]:
         done = len({r["case_id"] for r in summary["results"]})
         print(
@@ -125,20 +131,8 @@ def cmd_run(a) -> int:
             file=sys.stderr,
         )
         return 130 if summary["interrupted"] == "SIGINT" else 143
-    if {"reference", "candidate"} <= {s.side for s in specs}:
-        try:
-            result = run_gate([out], a.bound_factor, allow_inconclusive=a.allow_inconclusive)
-            print(format_summary(result))
-            rc = 0 if result["ok"] else 1
-        except GateRefusal as e:
-            print(f"gate: refused: {e}")
-            rc = 2
-    else:  # no gate: the candidates' records on their tolerance, and the oracle (the reference's are findings)
-        rc = (
-            0
-            if all(r["verdict"] in ("pass", "unsupported") for r in summary["results"] if r["side"] != "reference")
-            else 1
-        )
+    if gate_text:
+        print(gate_text)
     if not a.no_html:
         try:
             page = write_report([out], out / "index.html")
@@ -163,28 +157,65 @@ def _default_backends(cases) -> list[str]:
     return [s for s in specs if s not in idle]
 
 
-def _print_table(summary: dict) -> None:
+def _judge(out: Path, specs, summary: dict, a) -> tuple[dict | None, int, str]:
+    """(the gate's result or None, the exit status, the gate's text) of a finished run: the gate
+    where a reference and a candidate ran; else the candidates' and the oracle's records on their
+    tolerance alone (the reference's are findings)."""
+    if {"reference", "candidate"} <= {s.side for s in specs}:
+        try:
+            result = run_gate([out], a.bound_factor, allow_inconclusive=a.allow_inconclusive)
+        except GateRefusal as e:
+            return None, 2, f"gate: refused: {e}"
+        return result, 0 if result["ok"] else 1, format_summary(result)
+    judged = [r["verdict"] for r in summary["results"] if r["side"] != "reference"]
+    return None, 0 if all(v in ("pass", "unsupported") for v in judged) else 1, ""
+
+
+TOLERANCE_ONLY = "(tolerance only)"  # a column whose verdicts are each tensor against its tolerance, no bound
+
+
+def _cell(r: dict, entry: dict | None) -> str:
+    """A table cell: the gate's verdict of the (case, candidate) `entry` with the tensor and rule that
+    decided it; without an entry, the record's own verdict and its worst tensor's rel_rms."""
+    if entry is not None:
+        name = deciding_tensor(entry)
+        if entry["verdict"] not in ("pass", *UNJUDGED) and name:
+            t = entry["tensors"][name]
+            return f"{entry['verdict']} {name}={_g(t['rel_rms'])} ({t['rule']})"
+        if entry["verdict"] != "pass":
+            return entry["verdict"]
+    eps, worst = r["worst_rel_rms"], r["worst_tensor"]
+    verdict = entry["verdict"] if entry is not None else r["verdict"]
+    return verdict + (f" {worst}={_g(eps)}" if r["side"] != "oracle" and worst and eps is not None else "")
+
+
+def _g(x) -> str:
+    return "nan/inf" if x is None else f"{x:.3g}"
+
+
+def print_table(summary: dict, gate: dict | None) -> None:
+    """One row per case, one column per backend: a candidate's column the gate's verdict (`gate`,
+    run_gate's result) for the pair, the others' (and every column without a gate) the records'
+    own, marked TOLERANCE_ONLY; no cell is cut. Then the run's timing."""
     rows = summary["results"]
     backends = [b for b in dict.fromkeys(r["backend"] for r in rows)]
+    sides = {r["backend"]: r["side"] for r in rows}
+    entries = {(e["case_id"], e["candidate"]): e for e in (gate or {}).get("cases", [])}
     by = {(r["case_id"], r["backend"]): r for r in rows}
     ids = sorted({r["case_id"] for r in rows})
+    gated = {b for b in backends if sides[b] == "oracle" or (gate and sides[b] == "candidate")}
+    heads = {b: b if b in gated else f"{b} {TOLERANCE_ONLY}" for b in backends}
+    cells = {(c, b): (_cell(by[c, b], entries.get((c, b))) if (c, b) in by else "-") for c in ids for b in backends}
     width = max([len(i) for i in ids] + [4])
-    print(f"{'case':<{width}}  " + "  ".join(f"{b:>24}" for b in backends))
+    widths = {b: max([len(heads[b])] + [len(cells[c, b]) for c in ids]) for b in backends}
+    print(f"{'case':<{width}}  " + "  ".join(f"{heads[b]:>{widths[b]}}" for b in backends))
     for cid in ids:
-        cells = []
-        for b in backends:
-            r = by.get((cid, b))
-            if r is None:
-                cells.append(f"{'-':>24}")
-                continue
-            eps = r["worst_rel_rms"]
-            detail = (
-                ""
-                if b == "oracle"
-                else (f" {r['worst_tensor']}={eps:.1e}" if eps is not None and r["worst_tensor"] else "")
-            )
-            cells.append(f"{(r['verdict'] + detail)[:24]:>24}")
-        print(f"{cid:<{width}}  " + "  ".join(cells))
+        print(f"{cid:<{width}}  " + "  ".join(f"{cells[cid, b]:>{widths[b]}}" for b in backends))
+    if gate:
+        print(
+            "candidates: the gate's verdict of each (case, candidate) and the tensor and rule that decided it; "
+            f"{TOLERANCE_ONLY}: each tensor against its tolerance alone"
+        )
     t = summary["timing"]
     share = ", ".join(f"{b} {s:.1f}s" for b, s in t["per_backend_s"].items())
     overhead = t["harness_overhead_share"]

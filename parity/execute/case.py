@@ -27,6 +27,7 @@ from parity.records import (
     UNJUDGED,
     ResultRecord,
     base_record,
+    repro_command,
     result_path,
     tpu_kernel_problem,
     worst_verdict,
@@ -298,6 +299,7 @@ def _write_result(case, spec, result, oracle: _OracleOutputs, h, run_id, compile
     if compile_error:
         rec["notes"]["compile_check_error"] = compile_error
     rec["seed_policy"] = {"min": seeds[0], "max": seeds[1]}
+    rec["repro"] = repro_command(case.id, spec, seeds)  # with the seed policy the verdict was judged by
     return write_record(result_path(Path(out_dir), spec.name, case.id), rec)
 
 

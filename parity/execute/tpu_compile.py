@@ -78,7 +78,7 @@ from parity.execute.mosaic_llo import (
 )
 from parity.execute.stack_room import call_with_stack_room
 from parity.measure import tpu_numerics
-from parity.model.host import libtpu_version, tpu_attached
+from parity.model.host import compile_only_slice, libtpu_version, tpu_attached
 from parity.model.spec import Unsupported, as_spec
 from parity.model.targets import TARGETS
 from parity.records import (
@@ -118,6 +118,7 @@ def device(target: str):
     if not tpu_attached():
         # compile-only: several processes (parallel workers) may hold libtpu at once
         os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    compile_only_slice()  # before libtpu loads: no start-up errors about the slice a TPU host would be in
     from jax.experimental import topologies  # late: jax is heavy (runner imports this module)
 
     return topologies.get_topology_desc(topology_name=TARGETS[target], platform="tpu").devices[0]

@@ -38,7 +38,9 @@ def save_found(cfg: FuzzConfig, search: dict) -> dict:
     )
     subject = cfg.candidate or REFERENCE
     try:
-        write_repro(case, subject, dest / "repro")
+        ref = result_path(dest, REFERENCE, case.id)  # the bound's figures, where the reference ran
+        bounded = REFERENCE in names and read_json(ref)["status"] == "ok"
+        write_repro(case, subject, dest / "repro", reference=dest if bounded else None)
         repro = str(dest / "repro")
     except (ValueError, KeyError) as e:
         repro = f"not written: {e}"

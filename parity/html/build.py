@@ -98,7 +98,6 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": False, "allow_nan": False, "separators": (",", ":")}
-    env.filters["vlabel"] = lambda v: "not applicable" if v == "unsupported" else v  # no kernel for the case
     env.filters["fmt"] = lambda x: "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
     return env
 

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail, worst_page_verdict
-from parity.judge.case import judge_case
+from parity.judge.case import deciding_tensor, judge_case
 from parity.judge.summary import margin_line, margin_of, smallest_margin
 from parity.measure.compare import describe_localisation
 from parity.measure.compute_error import MARGIN
@@ -173,7 +173,17 @@ def _where(gate_entry: dict | None, worst: str | None) -> str | None:
     if not failing:
         return None
     name = worst if worst in failing else failing[0]
-    return f"{name}: {describe_localisation(tensors[name]['localisation'])}"
+    return f"{name}: {tensors[name].get('where') or describe_localisation(tensors[name]['localisation'])}"
+
+
+def _decided(entry: dict | None) -> dict:
+    """{"d": 'TENSOR: RULE', "w": that rule with its figures} of the tensor that decided a gate entry
+    that did not pass (as `parity run`'s table and the gate's summary name it); {} otherwise."""
+    name = deciding_tensor(entry) if entry and entry.get("verdict") != "pass" else None
+    if not name:
+        return {}
+    t = entry["tensors"][name]
+    return {"d": f"{name}: {t.get('rule')}", "w": t.get("why")}
 
 
 def _case_dict(recs: dict, compile_recs: dict | None) -> dict:
@@ -209,6 +219,7 @@ def case_row(
         nonfinite = any(x.get("nan") or x.get("inf") for x in r.get("tensors", {}).values())
         cell = {
             "v": verdict,
+            "g": entry is not None and "verdict" in entry,  # v is the gate's (tolerance and bound), not the record's
             "t": name,
             "e": t.get("rel_rms"),
             "m": t.get("max_abs"),
@@ -216,6 +227,7 @@ def case_row(
             "nan": bool(t.get("nan") or t.get("inf")),
             "err": (r.get("error") or "").strip().splitlines()[0][:300] if (r.get("error") or "").strip() else None,
             "l": _where(entry, name),
+            **_decided(entry),
         }
         cells[b] = {k: v for k, v in cell.items() if v is not None and v is not False}  # page size: drop empties
     cc = compile_cell(compile_recs)
@@ -258,12 +270,15 @@ def summary(
         versions = Counter(
             ", ".join(f"{k} {v}" for k, v in sorted((r.get("versions") or {}).items())) or "(none)" for r in recs
         )
+        cells = [row["b"][b] for row in rows if b in row["b"]]
         where.append(
             {
                 "backend": b,
                 "side": recs[0].get("side", ""),
                 "records": len(recs),
-                "verdicts": _ordered_counts(Counter(r.get("verdict", "") for r in recs)),
+                # the case table's verdicts: the gate's for a judged candidate, the records' own otherwise
+                "verdicts": _ordered_counts(Counter(c["v"] for c in cells)),
+                "judged_by": "gate" if cells and all(c.get("g") for c in cells) else "tolerance only",
                 "platforms": platforms.most_common(),
                 "versions": versions.most_common(3),
                 "hosts": sorted({r.get("host", "") for r in recs}),
@@ -303,6 +318,11 @@ def what_ran(rec: dict) -> str | None:
         return f"{'not a TPU kernel' if paths.get('required') else 'no Mosaic kernel'}: {paths['cause']}"
     ran = RAN_IN_WORDS.get(paths.get("ran"), paths.get("ran"))
     return f"Mosaic kernels as written, run in {ran}{where}"
+
+
+def _with_where(t: dict) -> dict:
+    """A record's tensor with "where": its localisation in words (as the gate's entries carry it)."""
+    return {**t, "where": describe_localisation(t["localisation"])} if t.get("localisation") else t
 
 
 def case_detail(
@@ -346,7 +366,7 @@ def case_detail(
                 "name": b,
                 "row_verdict": row["b"][b]["v"],
                 **keep,
-                "tensors": r.get("tensors", {}),
+                "tensors": {n: _with_where(t) for n, t in r.get("tensors", {}).items()},
                 "gate": gate_case.get(b) if isinstance(gate_case, dict) else None,
             }
         )

@@ -11,7 +11,7 @@ import dataclasses
 from cases import Case
 from parity.judge.compiles import compile_problems
 from parity.judge.load import GateRefusal
-from parity.measure.compare import bound, bound_localisation
+from parity.measure.compare import bound, bound_localisation, describe_bound, describe_localisation
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.spec import REFERENCE
 from parity.records import UNJUDGED, tpu_kernel_problem, worst_verdict
@@ -22,8 +22,8 @@ class Failure:
     """One entry of the gate's failures list (and of its inconclusive, unsupported and not_judged
     lists): what did not pass, where. A judged tensor's entry carries its figures (eps_candidate,
     eps_reference: rel_rms on the case's own seed; c_candidate, c_reference, ratio, interval,
-    seeds: the compute errors judged over the seeds; tol; localisation); any other entry says
-    what went wrong in `detail`."""
+    seeds: the compute errors judged over the seeds; tol; localisation; rule: the rule that
+    decided it, why: that rule with its figures); any other entry says what went wrong in `detail`."""
 
     case_id: str  # "*": every case of the candidate
     candidate: str
@@ -44,7 +44,8 @@ class Failure:
 @dataclasses.dataclass(frozen=True)
 class CaseJudgement:
     """The gate's judgement of one case. `entries`: one per candidate, as gate.json's "cases" list
-    holds them (verdict, tensors with accuracy, bound and localisation; compile); a candidate with
+    holds them (verdict, tensors with accuracy, bound, rule and why (the rule that decided the
+    tensor's verdict, and with its figures), localisation and where (it in words); compile); a candidate with
     compile records only has an entry whose reference is None. `failures` (of the results) and
     `compile_failures` (of the TPU compile records) fail the case; `inconclusive`: undecided
     tensors that allow_inconclusive lets pass; `unsupported` and `not_judged`: what was not
@@ -227,7 +228,48 @@ def _judge_tensor(case_id: str, name: str, ct: dict, ref: dict, cand: dict, fact
         t["localisation"] = bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor)
     elif verdict not in ("pass", *UNJUDGED):
         t["localisation"] = ct.get("localisation", {})
+    t["rule"], t["why"] = _rule(t, ct)
+    if t.get("localisation"):
+        t["where"] = describe_localisation(t["localisation"])
     return t
+
+
+def _rule(t: dict, ct: dict) -> tuple[str, str]:
+    """(the rule that decided tensor entry `t`'s verdict, that rule with its figures): the
+    tolerance or NaN/Inf check of the candidate's record, else the bound's (BOUND_RULES); an
+    unjudged tensor's verdict and reason."""
+    v, b = t["verdict"], t.get("bound")
+    if v in UNJUDGED:
+        return v, f"{v}: {ct.get('reason', '')}"
+    if t["accuracy"] != "pass":
+        return tolerance_rule(ct)
+    if not b:
+        rule, why = tolerance_rule(ct)
+        return rule, f"{why}; no bound ({t.get('bound_note', '')})"
+    why = describe_bound(b)
+    w = (ct.get("worst") or [{}])[0]
+    if b["rule"] == "max-abs" and w.get("index") is not None:
+        why += f"; the element furthest off: index {w['index']} (value {_g(w['value'])}, oracle {_g(w['oracle'])})"
+    return b["rule"], why
+
+
+def tolerance_rule(ct: dict) -> tuple[str, str]:
+    """(rule, that rule with its figures) of a tensor record's own verdict against the oracle:
+    nan-inf (NaN/Inf where the oracle is finite) or tolerance (rel_rms against tol)."""
+    if ct["verdict"] == "nan-inf":
+        return "nan-inf", f"nan-inf: {ct.get('nan', 0)} NaN and {ct.get('inf', 0)} Inf where the oracle is finite"
+    eps, tol = ct.get("rel_rms"), ct.get("tol")
+    return "tolerance", f"tolerance: rel_rms {_g(eps)} {'<=' if ct['verdict'] == 'pass' else '>'} tol {_g(tol)}"
+
+
+def _g(x) -> str:
+    return "nan/inf" if x is None else f"{x:.3g}"
+
+
+def deciding_tensor(entry: dict) -> str | None:
+    """The tensor whose verdict is the (case, candidate) entry's, the first in the entry's order;
+    None where the entry's verdict is not a tensor's (an error, a timeout, a compile failure)."""
+    return next((n for n, t in (entry.get("tensors") or {}).items() if t["verdict"] == entry["verdict"]), None)
 
 
 def _seed_policy(cand: dict) -> tuple[int, int]:
@@ -280,6 +322,8 @@ def _figures(ct: dict, rt: dict | None, t: dict) -> dict:
         "seeds": j.get("seeds"),
         "tol": ct.get("tol"),
         "localisation": t.get("localisation", {}),
+        "rule": t["rule"],  # the rule that decided the verdict (judge_case's _rule), and with its figures:
+        "why": t["why"],
     }
 
 

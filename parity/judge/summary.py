@@ -26,20 +26,11 @@ def format_summary(result: dict) -> str:
         f"gate: {len(result['cases'])} case/candidate pairs, bound factor {result['bound_factor']}: "
         + ", ".join(f"{n} {v}" for v, n in result["counts"].items())
     ]
-    for f in result["failures"]:
-        if f["tensor"] is None:
-            lines.append(f"  FAIL {f['case_id']} [{f['candidate']}] {f['verdict']}: {f['detail']}")
-        else:
-            lines.append(
-                f"  FAIL {f['case_id']} [{f['candidate']}] {f['tensor']}: {f['verdict']} "
-                f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} "
-                f"ratio={_fmt(f['ratio'])}{_interval(f)} tol={_fmt(f['tol'])}"
-                + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else "")
-            )
+    lines += [failure_lines(f) for f in result["failures"]]
     for f in result.get("inconclusive", []):
         lines.append(
-            f"  INCONCLUSIVE (allowed) {f['case_id']} [{f['candidate']}] {f['tensor']}: compute error "
-            f"ratio={_fmt(f['ratio'])}{_interval(f)}"
+            f"  INCONCLUSIVE (allowed) {f['case_id']} [{f['candidate']}] {f['tensor']}: "
+            + (f"decided by {f['why']}" if f.get("why") else f"compute error ratio={_fmt(f['ratio'])}{_interval(f)}")
         )
     for f in result["reference_findings"]:
         lines.append(
@@ -85,6 +76,23 @@ def format_summary(result: dict) -> str:
         lines.append(f"  {margin_line(m)}")
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
     return "\n".join(lines)
+
+
+def failure_lines(f: dict) -> str:
+    """A gate failure (Failure.as_dict) as text: 'FAIL CASE [candidate] tensor: verdict, decided by
+    RULE: its figures', the epsilons and tolerance, and where the error is."""
+    head = f"  FAIL {f['case_id']} [{f['candidate']}]"
+    if f["tensor"] is None:
+        return f"{head} {f['verdict']}: {f['detail']}"
+    figures = f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} tol={_fmt(f['tol'])}"
+    if not f.get("why"):  # a failure without its rule: the ratio and its interval
+        figures += f" ratio={_fmt(f['ratio'])}{_interval(f)}"
+    return (
+        f"{head} {f['tensor']}: {f['verdict']}"
+        + (f", decided by {f['why']}" if f.get("why") else "")
+        + f"\n       {figures}"
+        + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else "")
+    )
 
 
 def margin_of(j: dict) -> tuple[str, float] | None:

@@ -23,8 +23,10 @@
     localisation     where the error first exceeds tolerance and what its shape looks like
                      (first chunk, token and head, or sequence and head; see localise)
 `bound(cand, ref, factor)` judges the compute error over seeds (parity.measure.compute_error) and
-max_abs <= factor * (1 + MAX_ABS_MARGIN) * max_abs_r + floor_abs;
-`bound_localisation` says where along T and in which head the candidate exceeds it.
+max_abs <= factor * (1 + MAX_ABS_MARGIN) * max_abs_r + floor_abs, and names the rule that decided
+(BOUND_RULES; `describe_bound` gives it with its figures);
+`bound_localisation` says where along T and in which head the candidate exceeds it, and
+`describe_localisation` says it in words: across the heads and along the sequence.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import ml_dtypes
 import numpy as np
 
 from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
+from parity.measure.compute_error import describe as describe_compute
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
 TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta", "db", "dw")  # [B, T, H, ...]
@@ -162,7 +165,13 @@ def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite
     bad = np.nan_to_num(heat, nan=np.inf) > limit_heat
     if nonfinite_cells is not None:
         bad |= np.asarray(nonfinite_cells, bool)
-    loc: dict = {"against": against}
+    loc: dict = {
+        "against": against,
+        "heads": [int(h) for h in np.flatnonzero(bad.any(0))],  # the heads over `limit` in any chunk
+        "n_heads": int(bad.shape[1]),
+        "chunks_over": int(bad.any(1).sum()),  # chunks over `limit` in any head
+        "n_chunks": int(bad.shape[0]),
+    }
     if bad.any():
         c = int(np.argwhere(bad)[0][0])
         row = np.where(bad[c], np.nan_to_num(heat[c], nan=np.inf) / limit_heat[c], -np.inf)
@@ -190,16 +199,18 @@ def _localise_rows(rec: dict, limit, against: str) -> dict:
         return {}
     heat = _grid(grid)
     bad = np.nan_to_num(heat, nan=np.inf) > np.asarray(limit)
-    if not bad.any():
-        return {"against": against, "pattern": "uniform"}
+    heads = {"heads": [int(i) for i in np.flatnonzero(bad.any(0))], "n_heads": int(bad.shape[1])}
+    if not bad.any():  # every (row, head) within `limit`: what fails is not in any one cell
+        return {"against": against, "pattern": "uniform", **heads}
     n, h = map(int, np.argwhere(bad)[0])
     if len(rec.get("shape", [])) == 1:  # [H]: per head only
-        return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads"}
+        return {"against": against, "head": h, "pattern": "one-head" if bad.sum() == 1 else "heads", **heads}
     if len(grid) == 1:
         pattern = "state"
     else:
         pattern = "one-sequence" if int(bad.any(1).sum()) == 1 else "all-sequences"
-    return {"against": against, "sequence": n, "head": h, "pattern": pattern}
+    rows = {"rows_over": [int(i) for i in np.flatnonzero(bad.any(1))], "n_rows": int(bad.shape[0])}
+    return {"against": against, "sequence": n, "head": h, "pattern": pattern, **heads, **rows}
 
 
 def _sequence_pattern(sequences: list, limit) -> dict:
@@ -260,25 +271,82 @@ def _first_bad_token(case, err2, ref2, nonfinite, loc: dict, limit: float) -> in
     return c * C + int(hit[0]) if hit.size else c * C
 
 
+# what each pattern of `localise` says about the error along the sequence (time tensors) or over
+# the rows of a state, in words
+PATTERN_WORDS = {
+    "single-chunk": "the sequence is a single chunk",
+    "first-chunk": "the first chunk only",
+    "drift": "growing along t (drift)",
+    "local": "a few chunks (local)",
+    "after-first-chunk": "every chunk after the first",
+    "uniform": "no trend along t (uniform)",
+    "non-finite": "NaN/Inf in every chunk",
+    "one-sequence": "one packed sequence",
+    "some-sequences": "some packed sequences",
+    "state": "the one state row",
+    "all-sequences": "more than one sequence's state",
+    "one-head": "one head",
+    "heads": "several heads",
+}
+
+
+def _names(what: str, items) -> str:
+    items = list(items)
+    return f"{what}{'s' if len(items) > 1 else ''} {', '.join(map(str, items))}"
+
+
+def _heads_words(loc: dict, against: str) -> str:
+    """'heads: only head 1 over tol (head 0 within)', 'heads: all 4 over tol', ... ('' for a record
+    without the per-head figures)."""
+    if "heads" not in loc:
+        return ""
+    over, n = loc["heads"], loc["n_heads"]
+    if not over:
+        return f"no chunk, state row or head over {against} in rms (the rule that decided says where)"
+    if len(over) == n:
+        return f"heads: the only head (head {over[0]}) over {against}" if n == 1 else f"heads: all {n} over {against}"
+    within = [h for h in range(n) if h not in over]
+    return f"heads: only {_names('head', over)} over {against} ({_names('head', within)} within)"
+
+
+def _along_words(loc: dict, against: str) -> str:
+    """Where along the sequence (time tensors) or over the state rows the error is over `against`."""
+    pattern = loc.get("pattern", "")
+    words = PATTERN_WORDS.get(pattern, pattern)
+    if "heads" in loc and not loc["heads"]:
+        return ""  # nothing over anywhere: the heads' words say so
+    if pattern == "one-sequence" and "first_chunk" in loc:
+        return f"along the sequence: packed sequence {loc['sequence']} only"
+    if pattern == "some-sequences":
+        return f"along the sequence: packed {_names('sequence', loc['sequences'])} (some-sequences)"
+    if "chunks_over" in loc:
+        return f"along the sequence: {loc['chunks_over']} of {loc['n_chunks']} chunks over {against}, {words}"
+    if "rows_over" in loc:
+        if loc["n_rows"] == 1:
+            return "the one state row (one sequence)"
+        return f"sequences: {_names('sequence', loc['rows_over'])} of {loc['n_rows']} over {against}"
+    if "heads" in loc and pattern in ("uniform", "one-head", "heads"):
+        return ""  # [H] tensors: the heads' words say it
+    return words
+
+
 def describe_localisation(loc: dict | None) -> str:
-    """One line for terminals and reports, e.g. 'drift; first over tol: chunk 2 (t=131), head 1'."""
+    """One line for terminals and reports: where the error is over the tolerance (or the bound)
+    across the heads and along the sequence, then the first place, e.g. 'heads: only head 1 over tol
+    (head 0 within); along the sequence: 4 of 4 chunks over tol, no trend (uniform); first over tol:
+    chunk 0 (t=0), head 1'."""
     if not loc:
         return ""
-    parts = [loc.get("pattern", "")]
+    against = loc.get("against", "tol")
+    parts = [_heads_words(loc, against), _along_words(loc, against)]
     if "first_chunk" in loc:
-        parts.append(
-            f"first over {loc.get('against', 'tol')}: chunk {loc['first_chunk']} (t={loc['first_t']}), "
-            f"head {loc['head']}"
-        )
-    if "head" in loc and "first_chunk" not in loc and "sequence" not in loc:
+        parts.append(f"first over {against}: chunk {loc['first_chunk']} (t={loc['first_t']}), head {loc['head']}")
+    elif "sequence" in loc and "head" in loc:
+        parts.append(f"first over {against}: sequence {loc['sequence']}, head {loc['head']}")
+    elif "head" in loc and "heads" not in loc:
         parts.append(f"head {loc['head']}")
-    if "sequences" in loc:
-        parts.append("sequences " + ", ".join(map(str, loc["sequences"])))
-    if "sequence" in loc:
-        parts.append(
-            f"sequence {loc['sequence']}"
-            + (f", head {loc['head']}" if "first_chunk" not in loc and "head" in loc else "")
-        )
+    elif "sequence" in loc:
+        parts.append(f"sequence {loc['sequence']}")
     if "hazard" in loc:
         parts.append("suspect: " + loc["hazard"])
     return "; ".join(p for p in parts if p)
@@ -479,17 +547,95 @@ def bound(cand: dict, ref: dict, factor: float = 1.0, seeds_min: int = SEEDS_MIN
         out["reference_nonfinite_seeds"] = nonfinite_seeds  # left out of the bound
     cand_nonfinite = bool(cand.get("nan") or cand.get("inf")) or cand.get("rel_rms") is None
     verdict = "fail-bound" if cand_nonfinite else "pass"
+    out["rule"] = "nan-inf" if cand_nonfinite else "reference-nonfinite" if ref_nonfinite else "max-abs"
+    if cand_nonfinite:
+        out["nonfinite"] = {"nan": cand.get("nan") or 0, "inf": cand.get("inf") or 0}
     out["rel_rms"] = {"candidate": cand.get("rel_rms"), "reference": ref.get("rel_rms"), "limit": None, "ratio": None}
     if not (ref_nonfinite or cand_nonfinite or ref.get("rel_rms") is None):
         compute, verdict = _compute_bound(cand, ref, factor, seeds_min, seeds_max)
         out.update(compute)
+        out["rule"] = _compute_rule(compute.get("compute"), verdict)
     out["max_abs"] = _max_abs_bound(cand, ref, factor, own_nonfinite)
     c, limit = out["max_abs"]["candidate"], out["max_abs"]["limit"]
     if c is None or (limit is not None and not c <= limit):
+        out["rule"] = out["rule"] if verdict == "fail-bound" else "max-abs"
         verdict = "fail-bound"
     out["verdict"] = verdict
     out["ok"] = verdict == "pass"
     return out
+
+
+# The rules of the bound, by the name `bound` records in "rule": the one that decided its verdict
+# (for a failure, the first that failed in this order; describe_bound gives its figures).
+BOUND_RULES = {
+    "nan-inf": "the candidate has NaN/Inf where the oracle is finite",
+    "ratio-interval": "the compute error's ratio to the reference's, with its interval over the seeds",
+    "rounding-eps-limit": "the reference at the rounding level: eps <= factor x eps_reference + floor",
+    "rounding-compute-limit": "the reference at the rounding level: compute error <= factor x the reference's bound",
+    "rounding": "the reference at the rounding level: both of its limits",
+    "no-common-seed": "no seed with figures in both records",
+    "max-abs": "max_abs <= factor x (1 + MAX_ABS_MARGIN) x the reference's + floor_abs",
+    "reference-nonfinite": "the reference has NaN/Inf: nothing bounds the candidate",
+}
+
+
+def _compute_rule(j: dict | None, verdict: str) -> str:
+    """The BOUND_RULES name of the compute-error judgement `j` that gave `verdict`."""
+    if j is None:
+        return "no-common-seed"
+    if j["method"] == "ratio":
+        return "ratio-interval"
+    if verdict == "fail-bound":  # compute_error.judge: the eps limit with the indifference zone, else the compute limit
+        zone = j["indifference"] / j["factor"] if j["factor"] > 0 else 1.0
+        return "rounding-eps-limit" if j["eps_candidate"] > j["limit"] * zone else "rounding-compute-limit"
+    return "rounding"
+
+
+def describe_bound(b: dict) -> str:
+    """The rule that decided bound `b` (its "rule") with the figures it used, in one line."""
+    rule, j, m = b.get("rule"), b.get("compute") or {}, b.get("max_abs") or {}
+    factor = b.get("factor")
+    if rule == "nan-inf":
+        nf = b.get("nonfinite") or {}
+        return f"nan-inf: {nf.get('nan', '?')} NaN and {nf.get('inf', '?')} Inf where the oracle is finite"
+    if rule == "max-abs":
+        return (
+            f"max-abs: max_abs {_g(m.get('candidate'))} {'<=' if b.get('ok') else '>'} limit {_g(m.get('limit'))} "
+            f"(factor {_g(factor)} x {_g(1 + MAX_ABS_MARGIN)} x the reference's {_g(m.get('reference'))} "
+            f"+ floor_abs {_g(m.get('floor'))})"
+            + (f"; compute error {_COMPUTE_STATE[j['state']]}: {describe_compute(j)}" if j.get("state") else "")
+        )
+    if rule == "ratio-interval":
+        edge = j["indifference"]
+        # under the policy's minimum of seeds only a verdict far from the bound is taken (verdict_after)
+        far = j["seeds"] < (j.get("seed_policy") or {}).get("min", SEEDS_MIN)
+        decision = (
+            f"lo {_g(j['lo'])} > {_g(edge)} (factor x (1 + margin), on fewer seeds than the minimum): fail"
+            if j["state"] == "fail" and far
+            else f"lo {_g(j['lo'])} > factor {_g(factor)}: fail"
+            if j["state"] == "fail"
+            else f"hi {_g(j['hi'])} <= factor {_g(factor)} (on fewer seeds than the minimum): pass"
+            if j["state"] == "pass" and far
+            else f"hi {_g(j['hi'])} <= {_g(edge)} (factor x (1 + margin)): pass"
+            if j["state"] == "pass"
+            else f"undecided ({b.get('note') or 'the interval holds the factor'})"
+        )
+        return f"ratio-interval: {describe_compute(j)}; {decision}"
+    if rule and rule.startswith("rounding"):
+        return f"{rule}: {describe_compute(j)}" + (f" ({b['note']})" if b.get("note") else "")
+    if rule == "no-common-seed":
+        return f"no-common-seed: {b.get('note', '')}"
+    if rule == "reference-nonfinite":
+        return "reference-nonfinite: the reference has NaN/Inf; the tolerance alone holds the candidate"
+    return ""
+
+
+def _g(x) -> str:
+    return "nan/inf" if x is None else f"{x:.3g}"
+
+
+# compute_error.verdict_after's answer for a compute-error judgement that did not decide the bound
+_COMPUTE_STATE = {"pass": "within the bound", "more": "undecided", "inconclusive": "undecided", "fail": "over"}
 
 
 def _compute_bound(cand: dict, ref: dict, factor: float, seeds_min: int, seeds_max: int) -> tuple[dict, str]:
@@ -500,6 +646,7 @@ def _compute_bound(cand: dict, ref: dict, factor: float, seeds_min: int, seeds_m
         return {"compute": None, "note": "no seed with figures in both records"}, "inconclusive"
     j = judge(cs, rs, factor)
     j["seed_list"] = [s["seed"] for s in cs]
+    j["seed_policy"] = {"min": seeds_min, "max": seeds_max}
     j["state"] = verdict_after(j, seeds_min, seeds_max)
     out: dict = {"compute": j}
     if j["method"] == "ratio":
@@ -534,6 +681,7 @@ def _max_abs_bound(cand: dict, ref: dict, factor: float, own_nonfinite: bool) ->
     return {
         "candidate": c,
         "reference": r,
+        "floor": ref["floor_abs"],
         "limit": factor * (1 + MAX_ABS_MARGIN) * r + ref["floor_abs"],
         "ratio": c / r if r > 0 else (0.0 if c == 0 else None),
     }

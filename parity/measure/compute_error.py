@@ -74,7 +74,7 @@ from scipy import stats
 SEEDS_MIN = 3  # seeds a verdict needs unless far from the bound
 SEEDS_BASE = 8  # seeds after which an undecided tensor with BLOCKS_ENOUGH blocks is inconclusive
 SEEDS_MAX = 64  # the default policy's most seeds: what a tensor with one block per seed may need
-# blocks an undecided tensor may wait for (parity power, README: with 32, a true tie on kda's dbeta under
+# blocks an undecided tensor may wait for (parity power, docs/bound.md: with 32, a true tie on kda's dbeta under
 # g_stress, whose blocks' errors spread 100x, stays inconclusive on 25% of draws)
 BLOCKS_ENOUGH = 64
 LOOKS = (12, 16, 24, 32, 48, 64)  # seeds past SEEDS_BASE at which a tensor is looked at

@@ -78,10 +78,12 @@ class BackendSpec:
         return module, function
 
     def cli_args(self) -> list[str]:
-        """The `parity run` arguments that run this backend beside the oracle."""
+        """The `parity run` arguments that run this backend beside the oracle and, unless it is
+        the oracle, the reference: the pair the gate judges."""
+        beside = ["oracle"] if self.side == "oracle" else ["oracle", REFERENCE]
         if self.is_candidate_spec:
-            return ["--backends", "oracle", "--candidate", self.text]
-        return ["--backends", "oracle" if self.side == "oracle" else f"oracle,{self.text}"]
+            return ["--backends", ",".join(beside), "--candidate", self.text]
+        return ["--backends", ",".join(dict.fromkeys([*beside, self.text]))]
 
 
 @dataclasses.dataclass(frozen=True)

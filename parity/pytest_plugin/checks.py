@@ -42,15 +42,21 @@ def _backends(specs: tuple[str, ...]) -> dict:
     return build_backends(list(specs))
 
 
+TOLERANCE_ONLY = "tolerance only"  # no gate for the case: each tensor against its tolerance alone
+
+
 def _fmt(x) -> str:
     return "nan/inf" if x is None else f"{x:.3g}"
 
 
 def explain(case, records: dict[str, dict], judged) -> list[str]:
-    """One paragraph per problem: tensor, both epsilons, tolerance, bound, worst element,
+    """One paragraph per problem: tensor, verdict (the gate's, as `parity run` and the page print
+    it), the rule that decided it with its figures, both epsilons, tolerance, bound, worst element,
     where each side ran, and the command that reproduces just this case. `judged`: the gate's
-    CaseJudgement of the case (parity.judge.case), or None where there is none."""
+    CaseJudgement of the case (parity.judge.case), or None where there is none (the tolerance alone
+    then judges, and the paragraph says so)."""
     # late: numpy and scipy, only when parity tests run
+    from parity.judge.case import tolerance_rule
     from parity.measure.compare import describe_localisation
     from parity.measure.compute_error import describe as describe_compute
 
@@ -83,8 +89,10 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
                 eps += f"   bound limit = {_fmt(rr.get('limit'))} (factor {b.get('factor')})"
             if b.get("compute"):
                 eps += f"\n  {describe_compute(b['compute'])}"
+            why = (bound_entry or {}).get("why") or f"{tolerance_rule(t)[1]} ({TOLERANCE_ONLY}: no gate for this case)"
             lines = [
                 f"[{name}] {tname}: {verdict}",
+                f"  decided by {why}",
                 eps,
                 f"  max_abs = {_fmt(t.get('max_abs'))}  nan = {t.get('nan')}  inf = {t.get('inf')}",
                 f"  worst index {w.get('index')}: value {w.get('value')} oracle {w.get('oracle')}",

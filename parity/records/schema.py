@@ -101,7 +101,9 @@ class CompileRecord(TypedDict, total=False):
 ByCase = dict[str, dict[str, ResultRecord]]  # case_id -> backend -> record
 
 
-# worst first: the verdict of a case is the worst verdict of its tensors
+# worst first: the verdict of a case is the worst verdict of its tensors. The one vocabulary of
+# verdicts: `parity run`'s table, the gate's summary, the page and the pytest plugin print these
+# words (a backend's status, STATUSES of parity.model.spec, is one of them where it did not run)
 VERDICT_ORDER = (
     "error",
     "timeout",

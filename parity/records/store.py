@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.measure.tol import TOL_VERSION
 from parity.model.spec import as_spec
 from parity.records.checks import check_compile, check_result
@@ -138,11 +139,18 @@ def result_path(out_dir: Path, backend: str, case_id: str, kind: str = "result")
     return Path(out_dir) / backend / (f"{case_id}.json" if kind == "result" else f"{case_id}.{kind}.json")
 
 
-def repro_command(case_id: str, backend_spec) -> str:
-    """The one command that reruns just this case on just this backend (a BackendSpec or its
-    text) and the oracle."""
-    cmd = ["parity", "run", "--case", case_id, *as_spec(backend_spec).cli_args()]
-    return " ".join(shlex.quote(c) for c in cmd + ["--out", "repro"])
+def repro_command(case_id: str, backend_spec, seeds: tuple[int, int] | None = None) -> str:
+    """The one command that reruns just this case on this backend (a BackendSpec or its text)
+    with the oracle and, for a candidate, the reference (fla): `parity run` then gates the pair
+    itself, so the command prints the verdict the record was judged with and exits 1 on a
+    failure. `seeds`: the run's seed policy (min, max), passed on when it is not the default.
+    Run from the directory the original run was made in (a candidate's module is imported
+    from there); its output goes to repro/<backend>/<case_id>, a directory of its own."""
+    spec = as_spec(backend_spec)
+    cmd = ["parity", "run", "--case", case_id, *spec.cli_args()]
+    if seeds is not None and tuple(seeds) != (SEEDS_MIN, SEEDS_MAX):
+        cmd += ["--seeds", f"{seeds[0]}:{seeds[1]}"]
+    return " ".join(shlex.quote(c) for c in cmd + ["--out", f"repro/{spec.name}/{case_id}"])
 
 
 def base_record(case, backend_spec, backend: str, side: str, input_hash: str, run_id: str) -> ResultRecord:

@@ -21,8 +21,8 @@
   }
   function add(parent, tag, attrs, text) { const e = el(tag, attrs, text); parent.appendChild(e); return e; }
   function vclass(v) { return VERDICTS.includes(v) ? "v-" + v : "v-other"; }
-  // unsupported: the backend has no kernel for the case; shown as not applicable
-  function chip(v) { return el("span", { class: "chip " + vclass(v) }, v === "unsupported" ? "n/a (unsupported)" : v); }
+  // a verdict as the terminal and the gate print it (unsupported: the backend has no kernel for the case)
+  function chip(v) { return el("span", { class: "chip " + vclass(v) }, v); }
   function fmt(x) {
     if (x === null || x === undefined) return "–";
     if (typeof x !== "number") return String(x);
@@ -34,12 +34,13 @@
     return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
   function rank(v) { const i = VERDICTS.indexOf(v); return i < 0 ? -1 : i; }
+  function caseHref(id) { return "#case=" + encodeURIComponent(id); }  // a case's link: its id, percent-encoded
 
   // ------------------------------------------------------------------ table columns
   const columns = [
     { key: "id", label: "case", group: "", get: r => r.id, cell: r => {
         const td = el("td", { class: "id" });
-        add(td, "a", { href: "#case=" + r.n, class: "case-link" }, r.id);
+        add(td, "a", { href: caseHref(r.id), class: "case-link" }, r.id);
         if (r.refused) td.setAttribute("title", "gate refused: " + r.refused);
         return td; } },
     { key: "verdict", label: "verdict", group: "", get: r => rank(r.verdict), cell: r => { const td = el("td"); td.appendChild(chip(r.verdict)); return td; } },
@@ -68,10 +69,19 @@
   }
   for (const b of data.backends) {
     const side = data.sides[b];
-    columns.push({ key: b + ".v", label: side === "oracle" ? "status" : "verdict", group: b,
+    // a candidate's verdict is the gate's (tolerance and bound) where the gate judged it; else the record's own
+    const gated = rows.some(r => r.b[b] && r.b[b].g);
+    columns.push({ key: b + ".v", label: side === "oracle" ? "status" : (gated ? "verdict" : "verdict (tolerance only)"), group: b,
+      title: gated ? "the gate's verdict (tolerance and bound), and the tensor and rule that decided it" : "each tensor against its tolerance alone (no bound)",
       get: r => r.b[b] ? rank(r.b[b].v) : undefined,
       cell: r => { const td = el("td", { class: "bstart" }); const c = r.b[b];
-        if (c) { td.appendChild(chip(c.v)); if (c.err) td.setAttribute("title", c.err); } return td; } });
+        if (c) {
+          td.appendChild(chip(c.v));
+          if (c.d) add(td, "span", { class: "decided" }, " " + c.d);
+          const title = [c.w, c.err, gated && !c.g ? "tolerance only: the gate did not judge this case" : null].filter(Boolean).join("\n");
+          if (title) td.setAttribute("title", title);
+        }
+        return td; } });
     if (side === "oracle") continue;
     columns.push({ key: b + ".t", label: "worst", group: b, title: "the tensor furthest above its tolerance (NaN/Inf first)",
       get: r => r.b[b] ? r.b[b].t : undefined, text: r => r.b[b] && r.b[b].t });
@@ -256,8 +266,8 @@
     }
     return t;
   }
-  function gridTable(parent, header, rowsData, cls) {
-    const t = add(parent, "table", { class: "grid " + (cls || "") });
+  function gridTable(parent, header, rowsData, cls) {  // in a .table-wrap: scrolls sideways when wider than the page
+    const t = add(add(parent, "div", { class: "table-wrap" }), "table", { class: "grid " + (cls || "") });
     const hr = add(add(t, "thead"), "tr");
     for (const h of header) add(hr, "th", {}, h);
     const tb = add(t, "tbody");
@@ -292,8 +302,14 @@
   function renderBackends(d) {
     add(body, "h3", {}, "Backends");
     if (!d.backends.length) { add(body, "p", { class: "note" }, "no result records for this case (TPU compile records only)"); return; }
+    const verdictCell = b => {  // the gate's verdict for a judged candidate; the record's own (tolerance only) otherwise
+      const span = el("span");
+      span.appendChild(chip(b.row_verdict));
+      if (!(b.side === "candidate" && b.gate && b.gate.verdict)) span.appendChild(document.createTextNode(" tolerance only"));
+      return span;
+    };
     const rowsData = d.backends.map(b => [
-      b.name, b.side, chip(b.row_verdict), b.platform || "–", b.implementation || "–",
+      b.name, b.side, verdictCell(b), b.platform || "–", b.implementation || "–",
       Object.entries(b.versions || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "–",
       fmt(b.kernel_time_s), fmt(b.wall_time_s), b.created, b.host, b.run_id]);
     gridTable(body, ["backend", "side", "verdict", "platform", "implementation", "versions", "kernel s", "wall s", "created", "host", "run"], rowsData, "backends");
@@ -384,20 +400,11 @@
     }
   }
 
-  function localisationText(loc) {
-    if (!loc || !Object.keys(loc).length) return "–";
-    const parts = [loc.pattern || ""];
-    if (loc.first_chunk !== undefined) parts.push(`first over ${loc.against || "tol"}: chunk ${loc.first_chunk} (t=${loc.first_t}), head ${loc.head}`);
-    if (loc.head !== undefined && loc.first_chunk === undefined && loc.sequence === undefined) parts.push(`head ${loc.head}`);
-    if (loc.sequences !== undefined) parts.push(`sequences ${loc.sequences.join(", ")}`);
-    if (loc.sequence !== undefined) parts.push(`sequence ${loc.sequence}` + (loc.first_chunk === undefined && loc.head !== undefined ? `, head ${loc.head}` : ""));
-    return parts.filter(Boolean).join("; ");
-  }
   function boundText(g) {
     if (!g) return "–";
     if (!g.bound) return g.bound_note || "–";
     const r = g.bound.rel_rms || {}, m = g.bound.max_abs || {};
-    return `rel_rms ${fmt(r.candidate)} ≤ ${fmt(r.limit)}? max_abs ${fmt(m.candidate)} ≤ ${fmt(m.limit)}? → ${g.bound.ok ? "ok" : "FAIL"} (eps ratio ${fmt(r.ratio)})`;
+    return `rel_rms ${fmt(r.candidate)} ≤ ${fmt(r.limit)}? max_abs ${fmt(m.candidate)} ≤ ${fmt(m.limit)}? → bound ${g.bound.verdict} (eps ratio ${fmt(r.ratio)})`;
   }
 
   const plots = [];
@@ -415,12 +422,15 @@
       const t = b.tensors[name];
       const g = b.gate && b.gate.tensors ? b.gate.tensors[name] : null;
       const v = g ? g.verdict : t.verdict;
-      if (t.verdict === "unsupported") return [b.name, chip(v), t.reason || "", "", "", "", "", "", "", "", ""];
+      if (t.verdict === "unsupported") return [b.name, chip(v), t.reason || "", "", "", "", "", "", "", "", "", ""];
+      // the rule that decided the verdict (the gate's entry), or the record's own check against its tolerance
+      const why = g && g.why ? g.why : (b.side === "candidate" ? "tolerance only (no gate)" : "tolerance only (reference)");
       const nonfinite = t.nan || t.inf ? " (finite only)" : "";
       return [b.name, chip(v), fmt(t.rel_rms) + nonfinite, fmt(t.tol), fmt(t.floor_rel), fmt(t.max_abs), fmt(t.max_abs_over_rms),
-              fmt(t.max_ulp), `${t.nan || 0} / ${t.inf || 0}`, b.side === "candidate" ? boundText(g) : "reference", localisationText((g && g.localisation) || t.localisation)];
+              fmt(t.max_ulp), `${t.nan || 0} / ${t.inf || 0}`, b.side === "candidate" ? boundText(g) : "reference", why,
+              (g && g.where) || t.where || "–"];
     });
-    gridTable(sec, ["backend", "verdict", "rel_rms", "tol", "dtype floor", "max_abs", "max_abs/rms", "max ulp", "NaN / Inf", "bound", "localisation"], metricsRows, "metrics");
+    gridTable(sec, ["backend", "verdict", "rel_rms", "tol", "dtype floor", "max_abs", "max_abs/rms", "max ulp", "NaN / Inf", "bound", "decided by", "localisation"], metricsRows, "metrics");
     const withData = compared.filter(b => b.tensors[name].profile);
     for (const b of withData) {
       const t = b.tensors[name];
@@ -450,6 +460,10 @@
 
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
   const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+  // plotly's toolbar sits in the top right corner of a plot, over the top margin: titles start at the
+  // left and legends below the plot or, beside it, below a top margin of TOOLBAR_CLEAR px
+  const TOOLBAR_CLEAR = 36;
+  function plotTitle(text) { return { text: plotText(text), font: { size: 13 }, x: 0, xref: "paper", xanchor: "left" }; }
   function chunkCentre(j, C, T) { return (j * C + Math.min((j + 1) * C, T)) / 2; }
   function drawProfile(div, d, name, backends) {
     const first = backends[0].tensors[name];
@@ -466,7 +480,7 @@
     traces.push({ type: "scatter", mode: "lines", name: "tolerance", x: xs, y: [first.tol, first.tol], line: { dash: "dash", color: "#000" } });
     if (first.floor_rel > 0) traces.push({ type: "scatter", mode: "lines", name: "dtype floor", x: xs, y: [first.floor_rel, first.floor_rel], line: { dash: "dot", color: "#888" } });
     return Plotly.newPlot(div, traces, {
-      title: { text: plotText(`${name}: rel error per ${timeAxis ? "chunk" : "row"}`), font: { size: 13 } },
+      title: plotTitle(`${name}: rel error per ${timeAxis ? "chunk" : "row"}`),
       xaxis: { title: { text: timeAxis ? `t (points at chunk centres, C=${C})` : "row of the state (sequence)" }, zeroline: false,
                range: xs, dtick: timeAxis ? undefined : 1 },
       yaxis: { title: { text: "rel rms error" }, type: "log", exponentformat: "e" },
@@ -479,7 +493,7 @@
     const tol = backends[0].tensors[name].tol;
     const k = backends.length, gap = 0.06, w = (1 - gap * (k - 1)) / k;
     const layout = {
-      title: { text: plotText(`${name}: rel error per (chunk, head), log10`), font: { size: 13 } },
+      title: plotTitle(`${name}: rel error per (chunk, head), log10`),
       coloraxis: { colorscale: "RdBu", cmid: Math.log10(tol),
                    colorbar: { title: { text: "log10 err<br>(mid = tol)" }, thickness: 12 } },
       margin: { l: 50, r: 10, t: 40, b: 50 }, height: 290, annotations: [],
@@ -535,7 +549,7 @@
       }
       const traces = [...groups.entries()].sort((a, b2) => rank(b2[1][0].verdict) - rank(a[1][0].verdict)).map(([key, ps]) => ({
         type: "scatter", mode: "markers", name: plotText(key), x: ps.map(p => p.x), y: ps.map(p => p.y),
-        customdata: ps.map(p => p.n), text: ps.map(boundHover), hovertemplate: "%{text}<extra></extra>",
+        customdata: ps.map(p => p.case), text: ps.map(boundHover), hovertemplate: "%{text}<extra></extra>",
         marker: { color: BOUND_COLORS[ps[0].verdict] || "#57606a", size: 8, opacity: 0.85,
                   symbol: DTYPE_SYMBOLS[dtypes.indexOf(ps[0].dtype) % DTYPE_SYMBOLS.length] },
         error_y: { type: "data", symmetric: false, visible: true, thickness: 1, width: 0,
@@ -550,9 +564,9 @@
       return Plotly.newPlot(div, traces, {
         xaxis: { title: { text: "reference's compute error" }, type: "log", exponentformat: "e" },
         yaxis: { title: { text: "candidate's compute error" }, type: "log", exponentformat: "e" },
-        margin: { l: 70, r: 10, t: 10, b: 50 }, height: 420, hovermode: "closest",
+        margin: { l: 70, r: 10, t: TOOLBAR_CLEAR, b: 50 }, height: 420, hovermode: "closest",
       }, PLOT_CONFIG).then(() => {
-        div.on("plotly_click", ev => { const pt = ev.points[0]; if (pt && pt.customdata !== undefined) location.hash = "#case=" + pt.customdata; });
+        div.on("plotly_click", ev => { const pt = ev.points[0]; if (pt && pt.customdata !== undefined) location.hash = caseHref(pt.customdata); });
         div.dataset.points = String(b.points.length);
         div.dataset.state = "ready";
       });
@@ -598,10 +612,24 @@
     drawBound();
   }
 
+  // "#case=<id>" (percent-encoded or as typed) opens that case; "#case=<n>" (a row number) still does
+  // when no case has that id. A link to a case this report does not hold says so over the table.
+  const rowById = new Map(rows.map(r => [r.id, r.n]));
+  function caseFromHash(hash) {
+    const raw = hash.slice("#case=".length);
+    let id = raw;
+    try { id = decodeURIComponent(raw); } catch (e) { /* a lone '%' in the id: take the text as written */ }
+    if (rowById.has(id)) return rowById.get(id);
+    if (rowById.has(raw)) return rowById.get(raw);
+    return /^\d+$/.test(id) && Number(id) < rows.length ? Number(id) : { missing: id };
+  }
   function route() {
-    const m = /^#case=(\d+)$/.exec(location.hash);
-    if (m && Number(m[1]) < rows.length) openCase(Number(m[1]));
-    else showIndex();
+    const warn = document.getElementById("route-warn");
+    warn.hidden = true;
+    const n = location.hash.startsWith("#case=") ? caseFromHash(location.hash) : null;
+    if (typeof n === "number") { openCase(n); return; }
+    if (n) { warn.textContent = `no case "${n.missing}" in this report`; warn.hidden = false; }
+    showIndex();
   }
 
   buildHeader();
