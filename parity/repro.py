@@ -43,6 +43,7 @@ from parity.judge.gate import evaluate
 from parity.judge.load import GateRefusal
 from parity.judge.summary import format_summary
 from parity.measure import tpu_numerics
+from parity.measure.compare import fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.measure.compute_error import describe as describe_compute
 from parity.model.host import COMPILE_ONLY_SLICE, TPU_SLICE_ENV
@@ -382,14 +383,10 @@ def _tolerance_only(cand: dict) -> int:
     print(f"bound: not judged (no {REFERENCE} record: parity repro --reference RUN_DIR); tolerance only")
     for name, t in cand["tensors"].items():
         judged = t["verdict"] not in UNJUDGED
-        what = f"eps {_fmt(t.get('rel_rms'))}  tol {_fmt(t.get('tol'))}" if judged else t.get("reason", "")
+        what = f"eps {fmt(t.get('rel_rms'))}  tol {fmt(t.get('tol'))}" if judged else t.get("reason", "")
         print(f"  {name:8s} {t['verdict']:14s} {what}")
     print(f"verdict: {cand['verdict']}")
     return 0 if cand["verdict"] in ("pass", "unsupported") else 1
-
-
-def _fmt(x) -> str:
-    return "nan/inf" if x is None else f"{x:.3g}"
 
 
 def tensor_line(name: str, t: dict, ref: dict) -> str:
@@ -400,12 +397,12 @@ def tensor_line(name: str, t: dict, ref: dict) -> str:
     rt = ref.get("tensors", {}).get(name) or {}
     b = t.get("bound") or {}
     line = (
-        f"{name:8s} {t['verdict']:14s} eps {_fmt(t.get('rel_rms'))}  eps_{REFERENCE} {_fmt(rt.get('rel_rms'))}  "
-        f"tol {_fmt(t.get('tol'))} ({t['accuracy']})"
+        f"{name:8s} {t['verdict']:14s} eps {fmt(t.get('rel_rms'))}  eps_{REFERENCE} {fmt(rt.get('rel_rms'))}  "
+        f"tol {fmt(t.get('tol'))} ({t['accuracy']})"
     )
     if b:
         limit = (b.get("rel_rms") or {}).get("limit")
-        line += f"  bound {b['verdict']}" + (f" limit {_fmt(limit)}" if limit is not None else "")
+        line += f"  bound {b['verdict']}" + (f" limit {fmt(limit)}" if limit is not None else "")
         line += f": {describe_compute(b.get('compute'))}" if b.get("compute") else ""
     else:
         line += f"  bound: {t.get('bound_note', 'none')}"

@@ -25,6 +25,7 @@ from parity.execute.runner import RunConfig, run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
 from parity.judge.case import deciding_tensor
 from parity.judge.gate import GateRefusal, format_summary, run_gate
+from parity.measure.compare import fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.host import tpu_attached
 from parity.model.spec import FRAMEWORKS
@@ -181,16 +182,12 @@ def _cell(r: dict, entry: dict | None) -> str:
         name = deciding_tensor(entry)
         if entry["verdict"] not in ("pass", *UNJUDGED) and name:
             t = entry["tensors"][name]
-            return f"{entry['verdict']} {name}={_g(t['rel_rms'])} ({t['rule']})"
+            return f"{entry['verdict']} {name}={fmt(t['rel_rms'])} ({t['rule']})"
         if entry["verdict"] != "pass":
             return entry["verdict"]
     eps, worst = r["worst_rel_rms"], r["worst_tensor"]
     verdict = entry["verdict"] if entry is not None else r["verdict"]
-    return verdict + (f" {worst}={_g(eps)}" if r["side"] != "oracle" and worst and eps is not None else "")
-
-
-def _g(x) -> str:
-    return "nan/inf" if x is None else f"{x:.3g}"
+    return verdict + (f" {worst}={fmt(eps)}" if r["side"] != "oracle" and worst and eps is not None else "")
 
 
 def print_table(summary: dict, gate: dict | None) -> None:

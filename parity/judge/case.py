@@ -11,7 +11,7 @@ import dataclasses
 from cases import Case
 from parity.judge.compiles import compile_problems
 from parity.judge.load import GateRefusal
-from parity.measure.compare import bound, bound_localisation, describe_bound, describe_localisation
+from parity.measure.compare import bound, bound_localisation, describe_bound, describe_localisation, fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.spec import REFERENCE
 from parity.records import UNJUDGED, tpu_kernel_problem, worst_verdict
@@ -249,7 +249,7 @@ def _rule(t: dict, ct: dict) -> tuple[str, str]:
     why = describe_bound(b)
     w = (ct.get("worst") or [{}])[0]
     if b["rule"] == "max-abs" and w.get("index") is not None:
-        why += f"; the element furthest off: index {w['index']} (value {_g(w['value'])}, oracle {_g(w['oracle'])})"
+        why += f"; the element furthest off: index {w['index']} (value {fmt(w['value'])}, oracle {fmt(w['oracle'])})"
     return b["rule"], why
 
 
@@ -259,11 +259,7 @@ def tolerance_rule(ct: dict) -> tuple[str, str]:
     if ct["verdict"] == "nan-inf":
         return "nan-inf", f"nan-inf: {ct.get('nan', 0)} NaN and {ct.get('inf', 0)} Inf where the oracle is finite"
     eps, tol = ct.get("rel_rms"), ct.get("tol")
-    return "tolerance", f"tolerance: rel_rms {_g(eps)} {'<=' if ct['verdict'] == 'pass' else '>'} tol {_g(tol)}"
-
-
-def _g(x) -> str:
-    return "nan/inf" if x is None else f"{x:.3g}"
+    return "tolerance", f"tolerance: rel_rms {fmt(eps)} {'<=' if ct['verdict'] == 'pass' else '>'} tol {fmt(tol)}"
 
 
 def deciding_tensor(entry: dict) -> str | None:

@@ -3,11 +3,7 @@ the smallest margin to the bound, the TPU compile matrix, what was not seen, and
 
 from __future__ import annotations
 
-from parity.measure.compare import describe_localisation
-
-
-def _fmt(x) -> str:
-    return "nan/inf" if x is None else f"{x:.3g}"
+from parity.measure.compare import describe_localisation, fmt
 
 
 def _interval(f: dict) -> str:
@@ -16,8 +12,8 @@ def _interval(f: dict) -> str:
     if not iv or iv[0] is None:
         return ""
     return (
-        f" [{_fmt(iv[0])}, {_fmt(iv[1])}] over {f['seeds']} seed(s) (compute error {_fmt(f.get('c_candidate'))}"
-        f" vs {_fmt(f.get('c_reference'))})"
+        f" [{fmt(iv[0])}, {fmt(iv[1])}] over {f['seeds']} seed(s) (compute error {fmt(f.get('c_candidate'))}"
+        f" vs {fmt(f.get('c_reference'))})"
     )
 
 
@@ -30,12 +26,12 @@ def format_summary(result: dict) -> str:
     for f in result.get("inconclusive", []):
         lines.append(
             f"  INCONCLUSIVE (allowed) {f['case_id']} [{f['candidate']}] {f['tensor']}: "
-            + (f"decided by {f['why']}" if f.get("why") else f"compute error ratio={_fmt(f['ratio'])}{_interval(f)}")
+            + (f"decided by {f['why']}" if f.get("why") else f"compute error ratio={fmt(f['ratio'])}{_interval(f)}")
         )
     for f in result["reference_findings"]:
         lines.append(
             f"  REFERENCE {f['case_id']} {f['tensor'] or ''}: {f['finding']}"
-            + (f" eps={_fmt(f.get('rel_rms'))} tol={_fmt(f.get('tol'))}" if f.get("tensor") else "")
+            + (f" eps={fmt(f.get('rel_rms'))} tol={fmt(f.get('tol'))}" if f.get("tensor") else "")
         )
     if result["unsupported"]:
         lines.append(
@@ -84,9 +80,9 @@ def failure_lines(f: dict) -> str:
     head = f"  FAIL {f['case_id']} [{f['candidate']}]"
     if f["tensor"] is None:
         return f"{head} {f['verdict']}: {f['detail']}"
-    figures = f"eps_candidate={_fmt(f['eps_candidate'])} eps_reference={_fmt(f['eps_reference'])} tol={_fmt(f['tol'])}"
+    figures = f"eps_candidate={fmt(f['eps_candidate'])} eps_reference={fmt(f['eps_reference'])} tol={fmt(f['tol'])}"
     if not f.get("why"):  # a failure without its rule: the ratio and its interval
-        figures += f" ratio={_fmt(f['ratio'])}{_interval(f)}"
+        figures += f" ratio={fmt(f['ratio'])}{_interval(f)}"
     return (
         f"{head} {f['tensor']}: {f['verdict']}"
         + (f", decided by {f['why']}" if f.get("why") else "")

@@ -600,9 +600,9 @@ def describe_bound(b: dict) -> str:
         return f"nan-inf: {nf.get('nan', '?')} NaN and {nf.get('inf', '?')} Inf where the oracle is finite"
     if rule == "max-abs":
         return (
-            f"max-abs: max_abs {_g(m.get('candidate'))} {'<=' if b.get('ok') else '>'} limit {_g(m.get('limit'))} "
-            f"(factor {_g(factor)} x {_g(1 + MAX_ABS_MARGIN)} x the reference's {_g(m.get('reference'))} "
-            f"+ floor_abs {_g(m.get('floor'))})"
+            f"max-abs: max_abs {fmt(m.get('candidate'))} {'<=' if b.get('ok') else '>'} limit {fmt(m.get('limit'))} "
+            f"(factor {fmt(factor)} x {fmt(1 + MAX_ABS_MARGIN)} x the reference's {fmt(m.get('reference'))} "
+            f"+ floor_abs {fmt(m.get('floor'))})"
             + (f"; compute error {_COMPUTE_STATE[j['state']]}: {describe_compute(j)}" if j.get("state") else "")
         )
     if rule == "ratio-interval":
@@ -610,13 +610,13 @@ def describe_bound(b: dict) -> str:
         # under the policy's minimum of seeds only a verdict far from the bound is taken (verdict_after)
         far = j["seeds"] < (j.get("seed_policy") or {}).get("min", SEEDS_MIN)
         decision = (
-            f"lo {_g(j['lo'])} > {_g(edge)} (factor x (1 + margin), on fewer seeds than the minimum): fail"
+            f"lo {fmt(j['lo'])} > {fmt(edge)} (factor x (1 + margin), on fewer seeds than the minimum): fail"
             if j["state"] == "fail" and far
-            else f"lo {_g(j['lo'])} > factor {_g(factor)}: fail"
+            else f"lo {fmt(j['lo'])} > factor {fmt(factor)}: fail"
             if j["state"] == "fail"
-            else f"hi {_g(j['hi'])} <= factor {_g(factor)} (on fewer seeds than the minimum): pass"
+            else f"hi {fmt(j['hi'])} <= factor {fmt(factor)} (on fewer seeds than the minimum): pass"
             if j["state"] == "pass" and far
-            else f"hi {_g(j['hi'])} <= {_g(edge)} (factor x (1 + margin)): pass"
+            else f"hi {fmt(j['hi'])} <= {fmt(edge)} (factor x (1 + margin)): pass"
             if j["state"] == "pass"
             else f"undecided ({b.get('note') or 'the interval holds the factor'})"
         )
@@ -630,7 +630,9 @@ def describe_bound(b: dict) -> str:
     return ""
 
 
-def _g(x) -> str:
+def fmt(x) -> str:
+    """A record's figure as every surface prints it: 3 significant digits; None (a NaN/Inf metric,
+    written as null in records) as "nan/inf"."""
     return "nan/inf" if x is None else f"{x:.3g}"
 
 

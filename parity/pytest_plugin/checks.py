@@ -45,10 +45,6 @@ def _backends(specs: tuple[str, ...]) -> dict:
 TOLERANCE_ONLY = "tolerance only"  # no gate for the case: each tensor against its tolerance alone
 
 
-def _fmt(x) -> str:
-    return "nan/inf" if x is None else f"{x:.3g}"
-
-
 def explain(case, records: dict[str, dict], judged) -> list[str]:
     """One paragraph per problem: tensor, verdict (the gate's, as `parity run` and the page print
     it), the rule that decided it with its figures, both epsilons, tolerance, bound, worst element,
@@ -57,7 +53,7 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
     then judges, and the paragraph says so)."""
     # late: numpy and scipy, only when parity tests run
     from parity.judge.case import tolerance_rule
-    from parity.measure.compare import describe_localisation
+    from parity.measure.compare import describe_localisation, fmt
     from parity.measure.compute_error import describe as describe_compute
 
     ref = records.get(REFERENCE)
@@ -83,10 +79,10 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
             b = (bound_entry or {}).get("bound") or {}
             rr = b.get("rel_rms") or {}
             localisation = (bound_entry or {}).get("localisation") or t.get("localisation")
-            eps = f"  eps_{name} (rel_rms) = {_fmt(t.get('rel_rms'))}   eps_{REFERENCE} = {_fmt(rt.get('rel_rms'))}"
-            eps += f"   tol = {_fmt(t.get('tol'))}"
+            eps = f"  eps_{name} (rel_rms) = {fmt(t.get('rel_rms'))}   eps_{REFERENCE} = {fmt(rt.get('rel_rms'))}"
+            eps += f"   tol = {fmt(t.get('tol'))}"
             if rr:
-                eps += f"   bound limit = {_fmt(rr.get('limit'))} (factor {b.get('factor')})"
+                eps += f"   bound limit = {fmt(rr.get('limit'))} (factor {b.get('factor')})"
             if b.get("compute"):
                 eps += f"\n  {describe_compute(b['compute'])}"
             why = (bound_entry or {}).get("why") or f"{tolerance_rule(t)[1]} ({TOLERANCE_ONLY}: no gate for this case)"
@@ -94,7 +90,7 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
                 f"[{name}] {tname}: {verdict}",
                 f"  decided by {why}",
                 eps,
-                f"  max_abs = {_fmt(t.get('max_abs'))}  nan = {t.get('nan')}  inf = {t.get('inf')}",
+                f"  max_abs = {fmt(t.get('max_abs'))}  nan = {t.get('nan')}  inf = {t.get('inf')}",
                 f"  worst index {w.get('index')}: value {w.get('value')} oracle {w.get('oracle')}",
                 f"  localisation: {describe_localisation(localisation) or '-'}",
                 f"  {where}; {REFERENCE} ran on {(ref or {}).get('platform') or 'n/a'}",
@@ -107,6 +103,8 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
 def reference_findings(case, records: dict[str, dict]) -> list[str]:
     """The reference's own tensors outside tolerance or non-finite: reported, never a test
     failure (the gate then bounds nothing with a non-finite reference tensor)."""
+    from parity.measure.compare import fmt  # late: numpy, only when parity tests run
+
     out = []
     for name, rec in records.items():
         if rec["side"] != "reference":
@@ -115,8 +113,8 @@ def reference_findings(case, records: dict[str, dict]) -> list[str]:
             if t.get("verdict") in ("fail-accuracy", "nan-inf"):
                 w = (t.get("worst") or [{}])[0]
                 out.append(
-                    f"{case.id}: reference {name} {tname} {t['verdict']} (rel_rms {_fmt(t.get('rel_rms'))}, "
-                    f"tol {_fmt(t.get('tol'))}, nan {t.get('nan')}, inf {t.get('inf')}, worst index "
+                    f"{case.id}: reference {name} {tname} {t['verdict']} (rel_rms {fmt(t.get('rel_rms'))}, "
+                    f"tol {fmt(t.get('tol'))}, nan {t.get('nan')}, inf {t.get('inf')}, worst index "
                     f"{w.get('index')}) on {rec.get('platform')}"
                 )
     return out

@@ -104,25 +104,28 @@ def usage_error(e) -> pytest.UsageError:
     return pytest.UsageError(e.message(PREFIX))
 
 
+def _checked(check, *args):
+    """check(*args), its OptionError raised as pytest's usage error."""
+    try:
+        return check(*args)
+    except options.OptionError as e:
+        raise usage_error(e) from None
+
+
 def refuse_bad_options(config) -> None:
     """One line naming the option and the allowed values for anything given that cannot be used
     (pytest then exits 4, its usage-error code); nothing heavy is imported unless it is given."""
     opt = config.getoption
     _refuse_path_as_rootdir(config)
-    try:
-        if opt("parity_bound_factor") is not None:
-            options.bound_factor(opt("parity_bound_factor"))
-        if any(opt(f"parity_{name}") is not None for name in SELECTION):
-            selected_cases(config)
-        if opt("parity_backends") is not None:
-            options.builtin_backends(opt("parity_backends"))
-        options.candidates(opt("parity_candidate"))
-        if opt("parity_tpu_targets") is not None:
-            tpu_targets(opt("parity_tpu_targets"))
-        if opt("parity_tpu_interpret_as") is not None or opt("parity_tpu_targets") is not None:
-            export_interpret_as(config)
-    except options.OptionError as e:
-        raise usage_error(e) from None
+    bound_factor(config)
+    if any(opt(f"parity_{name}") is not None for name in SELECTION):
+        selected_cases(config)
+    kept_builtins(config)
+    _checked(options.candidates, opt("parity_candidate"))
+    if opt("parity_tpu_targets") is not None:
+        tpu_targets(opt("parity_tpu_targets"))
+    if opt("parity_tpu_interpret_as") is not None or opt("parity_tpu_targets") is not None:
+        export_interpret_as(config)
 
 
 def selected_cases(config) -> list:
@@ -131,10 +134,7 @@ def selected_cases(config) -> list:
     # late: the selection is read only when parity tests run or a selection option is given
     from parity.pytest_plugin.checks import select_cases
 
-    try:
-        return select_cases(*(config.getoption(f"parity_{name}") for name in SELECTION))
-    except options.OptionError as e:
-        raise usage_error(e) from None
+    return _checked(select_cases, *(config.getoption(f"parity_{name}") for name in SELECTION))
 
 
 def export_interpret_as(config) -> None:
@@ -145,10 +145,7 @@ def export_interpret_as(config) -> None:
     from parity.execute.tpu_identity import ENV, SOURCE_ENV, choose
 
     target = config.getoption("parity_tpu_interpret_as")
-    try:
-        target = None if target is None else options.interpret_as(target)
-    except options.OptionError as e:
-        raise usage_error(e) from None
+    target = None if target is None else _checked(options.interpret_as, target)
     targets = tpu_targets(config.getoption("parity_tpu_targets")) if target is None else ()
     choice = choose(target, targets, PREFIX)
     if choice is not None:
@@ -175,19 +172,13 @@ def _refuse_path_as_rootdir(config) -> None:
 
 
 def bound_factor(config) -> float:
-    try:
-        return options.bound_factor(config.getoption("parity_bound_factor"))
-    except options.OptionError as e:
-        raise usage_error(e) from None
+    return _checked(options.bound_factor, config.getoption("parity_bound_factor"))
 
 
 def kept_builtins(config) -> set[str] | None:
     """The built-in backends --parity-backends keeps, or None for all of them."""
     text = config.getoption("parity_backends")
-    try:
-        return None if text is None else set(options.builtin_backends(text))
-    except options.OptionError as e:
-        raise usage_error(e) from None
+    return None if text is None else set(_checked(options.builtin_backends, text))
 
 
 def report_dir(config) -> Path:
@@ -208,7 +199,4 @@ def session_targets(config, mode: str) -> tuple[str, ...]:
 
 @functools.cache
 def tpu_targets(text: str | None) -> tuple[str, ...]:
-    try:
-        return options.tpu_targets(text)
-    except options.OptionError as e:
-        raise usage_error(e) from None
+    return _checked(options.tpu_targets, text)
