@@ -8,9 +8,13 @@ dtype of q/k/v/do, the chunk size, the gating kind and its parameters, the scale
 whether an initial state is given and a final state returned, varlen sequence
 lengths (packed, B == 1), the seed, and the direction (fwd or fwdbwd).
 
+A stage case (`stage` set, cases.stages) is one of FLA's chunk stages of the op at the case's
+parameters; its direction is "fwd" (the stage function itself, forward or backward stage alike).
+
 Its id is readable and round-trips:
     simple_gla-fwdbwd-B2-T256-H4-K128-V128-bf16-C128-gamma_alibi-h0-ht
     gdn-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-HV4      (HV shown only when it is not H)
+    simple_gla:fwd_h-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-ht    (a stage: op:stage)
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import math
 import re
 from numbers import Real
 from typing import Any
+
+from cases.stages import STAGES, check_stage, stage_of, stage_outputs
 
 OPS = ("simple_gla", "gla", "kda", "gdn", "gdn2")
 # the delta-rule ops -> their delta-rule gate inputs (grouped value heads, HV = G * H, allowed):
@@ -78,6 +84,7 @@ class Case:
     seed: int = 0
     direction: str = "fwdbwd"
     HV: int | None = None  # value heads (see `value_heads`); None, or H, means H: stored as None
+    stage: str | None = None  # one of FLA's chunk stages of the op (cases.stages), or the whole op
 
     def __post_init__(self):
         self._check_types()
@@ -103,6 +110,8 @@ class Case:
         for f in ("op", "dtype", "gate", "direction"):
             if not isinstance(getattr(self, f), str):
                 _bad(f, getattr(self, f), "a string")
+        if self.stage is not None and not isinstance(self.stage, str):
+            _bad("stage", self.stage, "null (the whole op) or a stage name")
         for f in ("B", "T", "H", "K", "V", "chunk_size", "seed"):
             val = getattr(self, f)
             if not isinstance(val, int) or isinstance(val, bool):
@@ -175,12 +184,43 @@ class Case:
             _bad("direction", self.direction, f"one of {list(DIRECTIONS)}")
         if not isinstance(self.seed, int) or self.seed < 0:
             _bad("seed", self.seed, "a non-negative int")
+        if self.stage is not None:
+            self._validate_stage()
+
+    def _validate_stage(self) -> None:
+        stages = STAGES.get(self.op, {})
+        if self.stage not in stages:
+            allowed = f"one of {list(stages)}" if stages else f"null: op {self.op!r} has no stage cases yet"
+            _bad("stage", self.stage, allowed)
+        if self.direction != "fwd":
+            _bad("direction", self.direction, "'fwd' for a stage case (the stage function itself)")
+        if stages[self.stage].g_only and self.uses_g_gamma:
+            _bad("gate", self.gate, f"a g gate for stage {self.stage!r} (g_gamma has no cumsum)")
+        try:
+            check_stage(self)
+        except ValueError as e:
+            raise CaseError(f"case {self.id}: {e}") from None
 
     # ---------------------------------------------------------------- derived
     @property
     def gate_kwargs(self) -> dict[str, int]:
         """Gate parameters with defaults filled in."""
         return {**GATES[self.gate][1], **dict(self.gate_params)}
+
+    @property
+    def kind(self) -> str:
+        """What the case runs: the op ("simple_gla") or the op's stage ("simple_gla:fwd_h")."""
+        return self.op if self.stage is None else f"{self.op}:{self.stage}"
+
+    @property
+    def op_case(self) -> Case:
+        """The whole-op case a stage case belongs to (its inputs are drawn from it: direction fwdbwd
+        for a backward stage, whose inputs include do); the case itself when it is one."""
+        if self.stage is None:
+            return self
+        return self.replace(
+            stage=None, direction="fwdbwd" if stage_of(self.op, self.stage).direction == "bwd" else "fwd"
+        )
 
     @property
     def uses_g_gamma(self) -> bool:
@@ -236,6 +276,8 @@ class Case:
 
     def output_names(self) -> list[str]:
         """Names of the tensors every backend returns for this case, in report order."""
+        if self.stage is not None:
+            return stage_outputs(self)
         names = ["o"] + (["ht"] if self.ht else [])
         if self.backward:
             names += ["dq", "dk", "dv", "d" + self.gate_name]
@@ -248,7 +290,7 @@ class Case:
     @property
     def id(self) -> str:
         parts = [
-            self.op,
+            self.kind,
             self.direction,
             f"B{self.B}",
             f"T{self.T}",
@@ -283,9 +325,10 @@ class Case:
         if len(toks) < 10:
             raise CaseError(
                 f"case id {case_id!r} is malformed: expected "
-                "op-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-HV#][-s#][-h0][-ht][-lens#_#][-seed#]"
+                "op[:stage]-direction-B#-T#-H#-K#-V#-dtype-C#-gate[-HV#][-s#][-h0][-ht][-lens#_#][-seed#]"
             )
         op, direction = toks[0], toks[1]
+        op, _, stage = op.partition(":")
         dims = {}
         for tok, name in zip(toks[2:7], "BTHKV"):
             m = re.fullmatch(name + r"(\d+)", tok)
@@ -322,6 +365,7 @@ class Case:
                 raise CaseError(f"case id {case_id!r}: unknown token {tok!r}")
         return cls(
             op=op,
+            stage=stage or None,
             direction=direction,
             dtype=DTYPE_FROM_SHORT[toks[7]],
             chunk_size=int(m.group(1)),
@@ -337,6 +381,8 @@ class Case:
         d["seqlens"] = list(self.seqlens) if self.seqlens is not None else None
         if self.HV is None:
             del d["HV"]  # no grouped value heads: the dict (and id) carry no HV key
+        if self.stage is None:
+            del d["stage"]  # the whole op: the dict carries no stage key
         return d
 
     @classmethod

@@ -81,7 +81,9 @@ def logsigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def input_shapes(case: Case) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor input make_inputs returns (cu_seqlens aside), without drawing it."""
+    """The shape of every tensor input make_inputs returns (cu_seqlens aside), without drawing it;
+    for a stage case, those of the op case its inputs are drawn from."""
+    case = case.op_case
     B, T, H, K, V, N, HV = case.B, case.T, case.H, case.K, case.V, case.N, case.value_heads
     per_head = case.op in ("simple_gla", "gdn")
     gate = (H,) if case.uses_g_gamma else (B, T, HV) if per_head else (B, T, HV, K)
@@ -138,7 +140,10 @@ def make_inputs_f64(case: Case) -> dict[str, np.ndarray]:
 
 
 def make_inputs(case: Case) -> dict[str, np.ndarray]:
-    """The case's inputs in their storage dtypes (see module docstring)."""
+    """The case's inputs in their storage dtypes (see module docstring). A stage case's inputs
+    include the oracle's intermediates: parity.model.inputs.case_inputs builds them."""
+    if case.stage is not None:
+        raise CaseError(f"case {case.id} is a stage case: its inputs are parity.model.inputs.case_inputs's")
     out = {}
     for name, val in make_inputs_f64(case).items():
         out[name] = np.ascontiguousarray(val.astype(storage_dtype(case, name)))

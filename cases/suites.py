@@ -13,8 +13,9 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from cases.case import GATES, Case, CaseError
+from cases.case import CHUNK_SIZES, GATES, Case, CaseError
 from cases.models import MODEL_LAYERS, PACKED_GLA, model_case, models, models_at_scale
+from cases.stages import STAGE_ORDER, stage_of
 
 # the gates and ops the grids cover (other gates and ops join through cases of their own, so that
 # a grid's cases stay fixed: gdn and grouped value heads, `delta_rule_cases`; gdn2,
@@ -196,8 +197,66 @@ def varlen() -> list[Case]:
     ]
 
 
+def stage_cases(case: Case) -> list[Case]:
+    """The stage cases of an op case, in the order its stages run (cases.stages.STAGE_ORDER): its
+    forward's stages, and its backward's for a forward-and-backward case; none for an op without
+    stage cases."""
+    out = []
+    for name in STAGE_ORDER.get(case.op, ()):
+        stage = stage_of(case.op, name)
+        if (stage.direction == "bwd" and not case.backward) or (stage.g_only and case.uses_g_gamma):
+            continue
+        out.append(case.replace(stage=name, direction="fwd"))
+    return out
+
+
+def _largest_stage_chunk(op: str) -> int:
+    """128, or the largest chunk size below it that every stage of `op` takes."""
+    for chunk in sorted(CHUNK_SIZES, reverse=True):
+        try:
+            for name in STAGE_ORDER[op]:
+                Case(op, B=1, T=64, H=1, K=64, V=64, chunk_size=chunk, stage=name, direction="fwd")
+            return chunk
+        except CaseError:
+            continue
+    raise CaseError(f"no chunk size that every stage of {op} takes")
+
+
+def stages() -> list[Case]:
+    """Every stage of every op with stage cases (cases.stages), at ci sizes: stage x dtype (fp32,
+    bf16) x gate (g_logsig; simple_gla also gamma_alibi), with the states and shapes (rows, varlen
+    with a length-1 sequence, chunk 32, K < V) rotated through; and each stage at chunk 128 (the
+    largest its op's stages take) under
+    gamma_stress (g_stress where the op has no g_gamma): |g| * chunk far past the float32 exp
+    range (seed 001's overflow lived in chunk_bwd_dh)."""
+    primary = [
+        dict(op=op, stage=name, direction="fwd", dtype=dtype, gate=gate)
+        for op, names in STAGE_ORDER.items()
+        for name in names
+        for dtype in ("float32", "bfloat16")
+        for gate in gates_for(op, ("g_logsig", "gamma_alibi"))
+        if not (stage_of(op, name).g_only and gate.startswith("gamma_"))
+    ]
+    shapes = [
+        dict(B=2, T=128, H=2, K=64, V=64),
+        dict(B=1, T=168, H=2, K=64, V=64, seqlens=(37, 1, 130)),  # the last over several chunks
+        dict(B=1, T=96, H=2, K=64, V=64, chunk_size=32),
+        dict(B=1, T=160, H=2, K=64, V=128),
+    ]
+    stress = [
+        Case(op, B=1, T=256, H=2, K=64, V=64, chunk_size=_largest_stage_chunk(op), h0=True, ht=True).replace(
+            gate=(gates_for(op, ("gamma_stress",)) or ["g_stress"])[0]
+        )
+        for op in STAGE_ORDER
+    ]
+    return covering(primary, {"state": STATES, "shape": shapes}) + [
+        c for op_case in stress for c in stage_cases(op_case.replace(direction="fwdbwd"))
+    ]
+
+
 def full() -> list[Case]:
-    """Realistic shapes for GPU and TPU runs (not for CPU interpreters)."""
+    """Realistic shapes for GPU and TPU runs (not for CPU interpreters); with the stage cases of
+    its model layers at training size."""
     shapes = _product(T=[2048, 8192], H=[16, 32], KV=[64, 128, 256], B=[1, 8])
     shapes = [s for s in shapes if s["B"] * s["T"] * s["H"] <= 8 * 2048 * 32]
     primary = [
@@ -211,7 +270,13 @@ def full() -> list[Case]:
         Case("gdn2", B=8, T=2048, H=16, K=64, V=64, dtype="bfloat16", h0=True, ht=True),
         Case("gdn2", B=1, T=2048, H=32, K=256, V=256, dtype="bfloat16", gate="g_stress"),
     ]
-    return covering(primary, {"state": STATES[:2], "shape": shape_axis}) + gdn2 + models_at_scale()
+    at_scale = models_at_scale()
+    return (
+        covering(primary, {"state": STATES[:2], "shape": shape_axis})
+        + gdn2
+        + at_scale
+        + [s for c in at_scale for s in stage_cases(c)]
+    )
 
 
 FLA_FIELDS = ("op", "B", "T", "H", "K", "V", "dtype", "chunk_size", "gate", "scale", "h0", "ht", "seqlens", "direction")
@@ -254,6 +319,7 @@ SUITES: dict[str, Callable[[], list[Case]]] = {
     "stability": stability,
     "varlen": varlen,
     "full": full,
+    "stages": stages,
     "models": models,
     "fla-tests": fla_tests,
 }

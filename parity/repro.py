@@ -34,7 +34,8 @@ import numpy as np
 from jinja2 import Template
 
 import parity
-from cases import Case, input_hash, make_inputs
+from cases import Case, input_hash
+from cases.stages import stage_kwargs, stage_of
 from parity.execute.backends import Unsupported, as_spec, make_backend
 from parity.execute.backends.base import Execution
 from parity.execute.backends.oracle import cached_oracle
@@ -47,6 +48,7 @@ from parity.measure.compare import fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.measure.compute_error import describe as describe_compute
 from parity.model.host import COMPILE_ONLY_SLICE, TPU_SLICE_ENV
+from parity.model.inputs import case_inputs
 from parity.model.spec import REFERENCE
 from parity.records import UNJUDGED, RecordError, load_latest
 
@@ -98,6 +100,12 @@ diff_names = [n for n in ("q", "k", "v", "g", "g_gamma", "beta", "b", "w", "init
 kwargs = {"scale": {{ scale }}, "output_final_state": {{ ht }}}
 {% if chunk_size %}kwargs["chunk_size"] = {{ chunk_size }}
 {% endif %}
+{% if stage %}
+# a stage case: FLA's stage function called as FLA's op calls it (keyword arguments)
+STAGE_INPUTS = {{ stage_inputs }}   # its tensor arguments; None where the case has none
+STAGE_KWARGS = {{ stage_kwargs }}
+STAGE_OUTPUTS = {{ stage_outputs }}   # what it returns, in order
+{% endif %}
 {% if framework == "jax" %}
 import contextlib
 import glob
@@ -116,6 +124,16 @@ if not on_tpu:  # the matmuls as the TPU's MXU computes them (the harness's nume
     tpu_numerics.activate("{{ numerics }}")
 
 
+{% if stage %}
+def run_kernel(x):
+    """The stage function's outputs for inputs x (keyword arguments, FLA's names), as numpy arrays."""
+    kw = {n: (jnp.asarray(x[n]) if n in x else None) for n in STAGE_INPUTS}
+    kw.update(STAGE_KWARGS, cu_seqlens=jnp.asarray(x["cu_seqlens"], jnp.int32) if "cu_seqlens" in x else None)
+    with (contextlib.nullcontext() if on_tpu else pltpu.force_tpu_interpret_mode()):
+        out = fn(**kw)
+    out = out if len(STAGE_OUTPUTS) > 1 else (out,)
+    return {n: np.asarray(a) for n, a in zip(STAGE_OUTPUTS, out) if a is not None}
+{% else %}
 def run_kernel(x):
     """The kernel's outputs and gradients for inputs x, as numpy arrays in the kernel's dtypes."""
     kw = dict(kwargs)
@@ -140,6 +158,7 @@ def run_kernel(x):
         result["ht"] = np.asarray(outs[1])
     result.update({GRAD_NAMES[n]: np.asarray(g) for n, g in grads.items()})
     return result
+{% endif %}
 {% else %}
 import torch
 dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -159,6 +178,18 @@ def npy(t):
     return t.numpy()
 
 
+{% if stage %}
+def run_kernel(x):
+    """The stage function's outputs for inputs x (keyword arguments, FLA's names), as numpy arrays."""
+    kw = {n: (tt(x[n]) if n in x else None) for n in STAGE_INPUTS}
+    kw.update(STAGE_KWARGS, cu_seqlens=None)
+    if "cu_seqlens" in x:
+        kw["cu_seqlens"] = torch.from_numpy(x["cu_seqlens"]).to(dev){{ ".long()" if cu_seqlens_int64 else "" }}
+    with torch.no_grad():
+        out = fn(**kw)
+    out = out if len(STAGE_OUTPUTS) > 1 else (out,)
+    return {n: npy(t) for n, t in zip(STAGE_OUTPUTS, out) if t is not None}
+{% else %}
 def run_kernel(x):
     """The kernel's outputs and gradients for inputs x, as numpy arrays in the kernel's dtypes."""
     kw = dict(kwargs)
@@ -177,6 +208,7 @@ def run_kernel(x):
         result["ht"] = npy(ht)
     result.update({GRAD_NAMES[n]: npy(t.grad) for n, t in d.items() if t.grad is not None})
     return result
+{% endif %}
 {% endif %}
 
 result = run_kernel(x)
@@ -256,9 +288,25 @@ def write_repro(case: Case, spec, out: Path, reference: Path | None = None, run_
         numerics=tpu_numerics.active(),
         tpu_slice_env=repr(TPU_SLICE_ENV),
         compile_only_slice=repr(COMPILE_ONLY_SLICE),
+        **_stage_fields(case),
     )
     (out / "repro.py").write_text(script)
     return out / "repro.py"
+
+
+def _stage_fields(case: Case) -> dict:
+    """The template's fields of a stage case's call (stage_calling.call_kwargs, in the script)."""
+    if case.stage is None:
+        return {"stage": None}
+    stage = stage_of(case.op, case.stage)
+    inputs = [case.gate_name if n == "gate" else n for n in stage.inputs]
+    kwargs = stage_kwargs(case)
+    return {
+        "stage": case.stage,
+        "stage_inputs": repr(inputs),
+        "stage_kwargs": repr(kwargs),
+        "stage_outputs": repr(stage.outputs),
+    }
 
 
 def module_root(module: str) -> str | None:
@@ -279,7 +327,7 @@ def _write_inputs(case: Case, seeds: list[int], out: Path) -> dict:
     further seeds; bfloat16 arrays stored as their uint16 bits."""
     own = None
     for seed in seeds:
-        inputs = make_inputs(case.replace(seed=seed))
+        inputs = case_inputs(case.replace(seed=seed))
         own = inputs if own is None else own
         name = "inputs.npz" if seed == case.seed else f"inputs-seed{seed}.npz"
         np.savez(out / name, **{n: (a.view(np.uint16) if a.dtype.name == "bfloat16" else a) for n, a in inputs.items()})

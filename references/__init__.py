@@ -15,6 +15,7 @@ import importlib
 
 import numpy as np
 
+from references.stages import stage_oracle
 from references.version import ORACLE_VERSION
 
 __all__ = ["ORACLE_VERSION", "OPS", "TERMS", "error_scales", "oracle_names", "oracle_run"]
@@ -37,8 +38,11 @@ TERMS = {"dg_gamma": "dg_gamma_terms"}
 
 
 def oracle_names(case) -> list[str]:
-    """What oracle_run returns: case.output_names() and the TERMS of those."""
+    """What oracle_run returns: case.output_names() and the TERMS of those (a stage case:
+    case.output_names() alone)."""
     names = case.output_names()
+    if case.stage is not None:
+        return names
     return names + [TERMS[n] for n in names if n in TERMS]
 
 
@@ -59,7 +63,11 @@ def error_scales(out: dict[str, np.ndarray]) -> dict[str, list[float]]:
 
 def oracle_run(case, inputs: dict[str, np.ndarray], method: str = "chunked") -> dict[str, np.ndarray]:
     """float64 numpy arrays for every name in oracle_names(case); method "chunked" (the
-    default, fast) or "recurrence" (the definition, references.common.run_recurrence)."""
+    default, fast) or "recurrence" (the definition, references.common.run_recurrence).
+    A stage case (case.stage set) takes its stage inputs (references.stages.stage_inputs) and
+    runs references.stages.stage_oracle (one float64 form: method does not apply)."""
+    if case.stage is not None:
+        return stage_oracle(case, inputs)
     # late: the per-op oracles import jax (heavy); the package's names and version stay light
     mod = importlib.import_module(f"references.{case.op}")
     kw = _op_kwargs(case, inputs)

@@ -2,7 +2,7 @@
 # The tests: lint and format checks (ruff), the layer contracts over the real import graph
 # (import-linter; both configured in pyproject.toml), unit tests of every part (the real TPU
 # compiler included: every suite's kernels compiled for TPU targets, the full suite on v5e,
-# v6e and TPU7x), then the registry-driven parity tests of the ci suite through the CPU
+# v6e and TPU7x), then the registry-driven parity tests of the ci and stages suites through the CPU
 # interpreters (-m interpret) under the TPU numerics model, each case's kernels compiled for
 # v5e, with the gate at session end. Any failing step fails the run. At the end it prints the
 # wall time of each phase; the per-test timings (JUnit XML) stay in $PARITY_TIMING
@@ -36,7 +36,7 @@ phase "ruff format" ruff format --check .
 phase "lint-imports" lint-imports
 phase "unit tests" python -m pytest -n 2 --dist worksteal -m "not interpret and not slow" \
   --junitxml="$TIMING/unit.xml" tests "$@"
-phase "interpret parity" python -m pytest -n 2 --dist worksteal -m interpret --parity-suite ci \
+phase "interpret parity" python -m pytest -n 2 --dist worksteal -m interpret --parity-suite ci,stages \
   --parity-tpu-targets v5e --junitxml="$TIMING/interpret.xml" tests "$@"
 phases+=("total$T$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')")
 printf '%s\n' "${phases[@]}" >"$TIMING/phases.txt"

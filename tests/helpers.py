@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cases import Case, input_hash, make_inputs
+from cases import Case, input_hash
 from parity.execute.backends import BUILTIN, BackendResult, BackendSpec
 from parity.execute.backends.oracle import cached_oracle
 from parity.execute.case import _record
 from parity.execute.runner import RunConfig, run_cases
 from parity.measure.tol import NP_DTYPES, output_dtype
+from parity.model.inputs import case_inputs
 from parity.records import read_json, result_path, write_json
 from parity.records.manifest import manifest_path, write_manifest
 from references import error_scales
@@ -45,7 +46,7 @@ def record_from_tensors(
     case: Case, backend: str, side: str, tensors: dict[str, np.ndarray], platform: str = "test"
 ) -> dict:
     """A result record for `tensors`, compared against the real oracle by the real comparator."""
-    inputs = make_inputs(case)
+    inputs = case_inputs(case)
     oracle = cached_oracle(case, inputs)[0]
     res = BackendResult(
         backend=backend,
@@ -82,7 +83,7 @@ def write_records(out: Path, *recs: dict, run_id: str = "test") -> None:
 
 def perturbed(case: Case, towards: dict[str, np.ndarray], times: float) -> dict[str, np.ndarray]:
     """oracle + times * (towards - oracle): a result whose error is `times` that of `towards`."""
-    oracle = cached_oracle(case, make_inputs(case))[0]
+    oracle = cached_oracle(case, case_inputs(case))[0]
     return {n: oracle[n] + times * (np.asarray(towards[n], np.float64) - oracle[n]) for n in towards}
 
 
@@ -90,7 +91,7 @@ def reference_like(case: Case) -> dict[str, np.ndarray]:
     """A reference result with realistic error: the oracle with 1.5e-3 relative noise, rounded to
     each tensor's output dtype (FLA compiled on an H100 measured about 1e-3 to 4e-3 rel_rms on bf16
     outputs and gradients)."""
-    r = cached_oracle(case, make_inputs(case))[0]
+    r = cached_oracle(case, case_inputs(case))[0]
     rng = np.random.default_rng(0)
     return {
         n: (a * (1 + 1.5e-3 * rng.standard_normal(a.shape))).astype(NP_DTYPES[output_dtype(case, n)])
@@ -108,7 +109,7 @@ def assert_matches_oracle(case: Case, tensors: dict[str, np.ndarray]) -> None:
     (finite, rel_rms within tol) against the float64 oracle."""
     from parity.measure.compare import compare_tensor
 
-    oracle = cached_oracle(case, make_inputs(case))[0]
+    oracle = cached_oracle(case, case_inputs(case))[0]
     assert set(tensors) == set(case.output_names())
     failures = {}
     for name in case.output_names():

@@ -238,3 +238,24 @@ def test_atomic_ops_blr_kernels_run_as_tpu_kernels_where_their_config_is_made_in
     ], blr["notes"]["pallas"]
     assert 1e-5 < blr["tensors"]["o"]["rel_rms"] < 1e-3, blr["tensors"]["o"]
     assert all(t["rel_rms"] < 1e-6 for t in exact["tensors"].values()), exact["tensors"]
+
+
+def test_a_port_written_stage_by_stage_runs_its_stage_tests_outside_the_checkout(tmp_path):
+    """examples/stage_port: a plain-jax port of Simple GLA's first two forward stages, judged from its
+    own pytest through the plugin (`port=jax:my_stages:*`): the stages it has pass against FLA's
+    own stage functions; the stage it has not written and the packed sequences it declines are
+    unsupported (xfail), never passed or failed."""
+    repo = tmp_path / "stage-port"
+    shutil.copytree(EXAMPLES / "stage_port", repo)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PARITY_RUN_ID")}  # its own session
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "interpret", "--parity-tpu-targets=none"]
+    p = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert f"rootdir: {repo}" in out and "4 passed, 2 xfailed" in out, out[-4000:]
+    assert "gate: 6 case/candidate pairs, bound factor 1.0: 4 pass, 2 unsupported" in out
+    assert "my_stages has no chunk_bwd_dh" in out and "packed sequences (cu_seqlens) are not ported yet" in out
+    for stage in ("fwd_h", "fwd_o"):
+        case = f"simple_gla:{stage}-fwd-B2-T100-H2-K64-V64-fp32-C64-g_logsig-h0-ht"
+        rec = json.loads((repo / "reports" / "pytest" / "port" / f"{case}.json").read_text())
+        assert rec["status"] == "ok" and rec["implementation"] == "port=jax:my_stages:*", rec["status"]

@@ -198,9 +198,10 @@ def test_a_not_implemented_error_from_jax_itself_stays_an_error():
 def test_a_kernels_jax_module_that_fails_to_import_is_an_error(monkeypatch):
     """A broken import of the code under test fails its cases; it is never `unsupported` (which the
     gate passes)."""
-    from parity.execute.backends import execute, jax_backends, make_backend
+    from parity.execute.backends import execute, make_backend
+    from parity.model import kernels
 
-    monkeypatch.setitem(jax_backends.PALLAS_KERNELS, "pallas", {"simple_gla": ("kernels_jax.no_such_module", "f")})
+    monkeypatch.setitem(kernels.PALLAS_KERNELS, "pallas", {"simple_gla": ("kernels_jax.no_such_module", "f")})
     res = execute(make_backend("pallas"), SMALL, make_inputs(SMALL))
     assert res.status == "error" and "no_such_module" in res.error
 

@@ -17,14 +17,27 @@ import traceback
 from pathlib import Path
 
 from cases import CaseError
-from parity.cli import calibrate, cases, compile, diff, fuzz, gate, mutants, power, report, repro, run
+from parity.cli import calibrate, cases, compile, diff, fuzz, gate, localise, mutants, power, report, repro, run
 from parity.cli.common import UsageError
 from parity.judge.diff import DiffRefusal
 from parity.judge.gate import GateRefusal
 from parity.model.options import OptionError
 from parity.records import RecordError
 
-COMMANDS = (cases, run, compile, mutants, fuzz, gate, power, calibrate, report, repro, diff)  # in `parity --help` order
+COMMANDS = (
+    cases,
+    run,
+    compile,
+    localise,
+    mutants,
+    fuzz,
+    gate,
+    power,
+    calibrate,
+    report,
+    repro,
+    diff,
+)  # in `parity --help` order
 
 
 EXIT_CODES = """\

@@ -44,7 +44,11 @@ def limit_options(sp) -> None:
 
 def selection_options(sp, single: bool = False) -> None:
     """--suite, --cases, (with single) --case, --op and the size limits: read by select_cases."""
-    sp.add_argument("--suite", metavar="NAME", help="smoke, ci, stability, varlen, full, models, fla-tests")
+    sp.add_argument(
+        "--suite",
+        metavar="NAME",
+        help="smoke, ci, stability, varlen, full, stages, models, fla-tests; several joined by commas (ci,stages)",
+    )
     sp.add_argument("--cases", metavar="FILE", help="JSON file: a list of case dicts or ids")
     if single:
         sp.add_argument("--case", metavar="ID", action="append", help="a case id (repeatable)")

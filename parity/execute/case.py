@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from cases import Case, input_hash, make_inputs, seed_at
+from cases import Case, input_hash, seed_at
 from parity.execute import tpu_identity
 from parity.execute.backends import BackendResult, as_spec, execute, make_backend
 from parity.execute.backends.oracle import cached_oracle
 from parity.execute.tpu_compile import compile_for_targets
 from parity.measure import tpu_numerics
 from parity.measure.compare import bound, compare_tensor
+from parity.model.inputs import case_inputs
 from parity.records import (
     UNJUDGED,
     ResultRecord,
@@ -216,7 +217,7 @@ def run_case(
     (cases.seed_at) run through every backend but the oracle while `wants_seed` says so, their
     figures appended to each tensor's "seeds" (parity.measure.compute_error)."""
     t_case = time.perf_counter()
-    inputs = make_inputs(case)
+    inputs = case_inputs(case)
     h = input_hash(inputs)
     on_inputs(h)
     oracle = _OracleOutputs()
@@ -339,7 +340,7 @@ def _run_seed(
     first seed), append each tensor's figures to its "seeds" and rewrite the record; a backend that
     fails on this seed takes that status. Returns the seconds spent in backends."""
     compiled = {c["backend"]: c for c in compiles}
-    inputs = make_inputs(case)
+    inputs = case_inputs(case)
     h = input_hash(inputs)
     full = cached_oracle(case, inputs)[0]
     oracle, scales = {n: full[n] for n in case.output_names()}, error_scales(full)

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from cases import Case
 from parity.execute import compile_log, pallas_paths, tpu_identity
-from parity.execute.backends.calling import program_structs
+from parity.execute.backends.stage_calling import case_program
 from parity.execute.mosaic_llo import (
     LloFormatError,
     is_vmem_error,
@@ -138,8 +138,7 @@ def compile_case(
     this target; a lowered module among them is not compiled again (same_program_as)."""
 
     def program_and_args(sharding):
-        program, diff, cot = program_structs(case, fn, sharding)
-        return program, (diff, cot)
+        return case_program(case, fn, sharding)
 
     return compile_program(program_and_args, target, expect_mosaic=expect_mosaic, compiled=compiled)
 

@@ -18,7 +18,15 @@ import jinja2
 from markupsafe import Markup
 
 from parity.html.compile_view import compile_section, compile_target_order
-from parity.html.rows import backend_order, bound_points, case_detail, case_row, gate_per_case, summary
+from parity.html.rows import (
+    backend_order,
+    bound_points,
+    case_detail,
+    case_row,
+    gate_per_case,
+    stage_localisations,
+    summary,
+)
 from parity.judge.diff import ratio_summary
 from parity.records import VERDICT_ORDER, load_latest, read_json
 
@@ -73,6 +81,8 @@ def build_report(dirs: list[Path]) -> dict:
         )
         for row in rows
     ]
+    for d in details:
+        d["stages"] = stage_localisations(d["id"], by_case, factor)
     s = summary(rows, by_case, backends, gate, dirs, [])
     s["compile"] = compile_section(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
     s["compile_records"] = sum(len(v) for v in compiles.values())

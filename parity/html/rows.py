@@ -9,8 +9,11 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from cases import Case, CaseError
+from cases.suites import stage_cases
 from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail, worst_page_verdict
 from parity.judge.case import deciding_tensor, judge_case
+from parity.judge.localise import localise_stages
 from parity.judge.summary import margin_line, margin_of, smallest_margin
 from parity.measure.compare import describe_localisation
 from parity.measure.compute_error import MARGIN
@@ -323,6 +326,25 @@ def what_ran(rec: dict) -> str | None:
 def _with_where(t: dict) -> dict:
     """A record's tensor with "where": its localisation in words (as the gate's entries carry it)."""
     return {**t, "where": describe_localisation(t["localisation"])} if t.get("localisation") else t
+
+
+def stage_localisations(case_id: str, by_case: dict, factor: float) -> list[dict]:
+    """For an op case whose stage cases are in the records: per candidate that ran its stages
+    (under its own name, or NAME.stages: parity localise), parity.judge.localise's result."""
+    try:
+        case = Case.from_id(case_id)
+    except CaseError:  # a record's id the registry does not parse: no stages to look for
+        return []
+    stage_ids = [s.id for s in stage_cases(case) if s.id in by_case] if case.stage is None else []
+    out = []
+    for backend, rec in sorted(by_case.get(case_id, {}).items()):
+        if rec["side"] != "candidate" or not stage_ids:
+            continue
+        for stage_backend in (backend, f"{backend}.stages"):
+            if any(by_case[s].get(stage_backend, {}).get("status", "unsupported") != "unsupported" for s in stage_ids):
+                out.append(localise_stages(case, by_case, backend, stage_backend, factor))
+                break
+    return out
 
 
 def case_detail(

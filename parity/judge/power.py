@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cases import Case, make_inputs
+from cases import Case
 from parity.execute.backends.oracle import cached_oracle
 from parity.execute.case import wants_seed
 from parity.judge.gate import evaluate
@@ -33,6 +33,7 @@ from parity.judge.load import load_checked
 from parity.measure.compare import compare_tensor, error_blocks
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN, compute_error, noisy
 from parity.measure.tol import NP_DTYPES
+from parity.model.inputs import case_inputs
 from parity.model.spec import REFERENCE
 from references import error_scales
 
@@ -46,7 +47,7 @@ def _oracles(case: Case, seeds: list[int]) -> list[tuple[dict, dict]]:
     out = []
     for s in seeds:
         c = case.replace(seed=s)
-        full = cached_oracle(c, make_inputs(c))[0]
+        full = cached_oracle(c, case_inputs(c))[0]
         out.append((full, error_scales(full)))
     return out
 

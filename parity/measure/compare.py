@@ -40,7 +40,8 @@ from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, b
 from parity.measure.compute_error import describe as describe_compute
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
-TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta", "db", "dw")  # [B, T, H, ...]
+TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta", "db", "dw", "g_cumsum")  # [B, T, H, ...]
+CHUNK_TENSORS = ("h", "dh")  # a stage's states per chunk, [B, NT, H, K, V]: profiled per chunk like time
 N_WORST = 5
 
 
@@ -127,7 +128,9 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     """`_localise`, plus the grid hazard a time tensor's pattern points to (HAZARDS), if any."""
     loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
     pattern = loc.get("pattern")
-    if name in TIME_TENSORS and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
+    if (name in TIME_TENSORS or name in CHUNK_TENSORS) and (
+        pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)
+    ):
         loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
     elif (
         name in TIME_TENSORS
@@ -154,7 +157,7 @@ def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite
     along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
     (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'.
     State-like tensors: see _localise_rows."""
-    if name not in TIME_TENSORS:
+    if name not in TIME_TENSORS and name not in CHUNK_TENSORS:
         return _localise_rows(rec, limit, against)
     profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
     if not profile:
@@ -248,7 +251,7 @@ def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) ->
     """Where the candidate exceeds the bound: per chunk and head (per sequence and head for
     states), factor x the reference's error there + the dtype floor; a reference cell that
     is NaN/Inf bounds nothing."""
-    key = "heatmap" if name in TIME_TENSORS else "row_heatmap"
+    key = "heatmap" if name in TIME_TENSORS or name in CHUNK_TENSORS else "row_heatmap"
     if not cand.get(key) or not ref.get(key):
         return {}
     floor = ref.get("floor_rel") or 0.0
@@ -410,6 +413,9 @@ def _error_shape(case, name: str, err2: np.ndarray, ref2: np.ndarray, nonfinite:
         profile, heatmap = _chunk_errors(err2, ref2, case.chunk_size)
         sequences = _sequence_errors(np.where(nonfinite, np.inf, err2), ref2, case)  # None: NaN/Inf
         return {"profile": profile, "heatmap": heatmap, "sequences": sequences}
+    if name in CHUNK_TENSORS:  # one state per chunk: profiled as a time tensor of chunk size 1
+        profile, heatmap = _chunk_errors(err2, ref2, 1)
+        return {"profile": profile, "heatmap": heatmap, "sequences": None}
     rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
     out: dict = {"profile": [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]}
     if err2.ndim in (1, 4):  # [N, H, K, V] states, or [H] (dg_gamma): one row of heads
@@ -428,9 +434,11 @@ def _verdict(nan: int, inf: int, eps: float, tolerance: float) -> str:
 def _tol_localisation(case, name: str, rec: dict, err2, ref2, nonfinite) -> dict:
     """`localise` against the tolerance, the first bad token refined from the elements."""
     tolerance = rec["tol"]
-    cells = _chunk_sums(nonfinite, case.chunk_size) > 0 if name in TIME_TENSORS else None
+    cells = None
+    if name in TIME_TENSORS or name in CHUNK_TENSORS:
+        cells = _chunk_sums(nonfinite, case.chunk_size if name in TIME_TENSORS else 1) > 0
     loc = localise(case, name, rec, tolerance, "tol", cells)
-    if "first_chunk" in loc:
+    if "first_chunk" in loc and name in TIME_TENSORS:
         loc["first_t"] = _first_bad_token(case, err2, ref2, nonfinite, loc, tolerance)
     return loc
 

@@ -34,7 +34,9 @@ float32 kernels are off by 1.1e-4 and 5.7e-4 of it (2.9e-6 of what they sum): a 
 `parity calibrate DIR` fits coef from the reference-side (FLA) epsilons of a run:
 coef = MARGIN * max(eps / (u(dtype) * growth)) over that run's cases, per op, tensor and dtype,
 keeps the current coefficient where the run has no sample, and writes tolerances.json with a
-new version. Every verdict records TOL_VERSION.
+new version. Every verdict records TOL_VERSION. A stage (cases.stages) has coefficients of its own,
+under its kind ("simple_gla:fwd_h"), per stage tensor (h, g_cumsum, dh, ...), fitted the same way
+from FLA's stage functions.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
+from cases.stages import stage_dtype
 
 TOL_FILE = Path(__file__).with_name("tolerances.json")
 MARGIN = 4.0
@@ -80,12 +84,13 @@ COEF_OF = {"dg_gamma": "dg"}
 
 
 def coef(case, tensor: str, table: dict | None = None) -> float:
+    """The coefficient of (case.kind: the op, or the op's stage "simple_gla:fwd_h"; tensor; dtype)."""
     table = table or _TABLE
     try:
-        return table["coef"][case.op][COEF_OF.get(tensor, tensor)][case.dtype]
+        return table["coef"][case.kind][COEF_OF.get(tensor, tensor)][case.dtype]
     except KeyError:
         raise KeyError(
-            f"tolerances.json has no coefficient for op {case.op!r}, tensor {tensor!r}, dtype {case.dtype!r}"
+            f"tolerances.json has no coefficient for {case.kind!r}, tensor {tensor!r}, dtype {case.dtype!r}"
         ) from None
 
 
@@ -98,7 +103,10 @@ def tol(case, tensor: str) -> float:
 
 
 def output_dtype(case, tensor: str) -> str:
-    """The dtype a kernel returns `tensor` in: float32 for state/gate tensors, else the case dtype."""
+    """The dtype a kernel returns `tensor` in: float32 for state/gate tensors, else the case dtype;
+    a stage's tensors as FLA's stage function returns them (cases.stages.stage_dtype)."""
+    if getattr(case, "stage", None) is not None:
+        return stage_dtype(case, tensor)
     return "float32" if tensor in FP32_OUTPUTS else case.dtype
 
 
@@ -109,11 +117,11 @@ def calibrate(samples: list[tuple[object, str, float]], table: dict | None = Non
     for case, tensor, eps in samples:
         if eps is None or not math.isfinite(eps) or tensor in COEF_OF:
             continue
-        key = (case.op, tensor, case.dtype)
+        key = (case.kind, tensor, case.dtype)
         ratio = eps / (table["unit"][case.dtype] * growth(case))
         fitted[key] = max(fitted.get(key, 0.0), ratio)
     for (op, tensor, dtype), ratio in fitted.items():
-        table["coef"].setdefault(op, {}).setdefault(tensor, {})[dtype] = round(MARGIN * ratio, 4)
+        table["coef"].setdefault(op, {}).setdefault(tensor, {})[dtype] = float(f"{MARGIN * ratio:.5g}")
     major = int(str(table["version"]).split(".")[0])
     table["version"] = f"{major + 1}"
     table["fitted_from"] = len(samples)

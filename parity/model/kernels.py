@@ -1,11 +1,13 @@
 """The built-in candidates' kernels: which kernels_jax function `pallas` and `pallas-fused` call
-for an op, and whether it has a kernel for a case's shapes (checked before anything is traced)."""
+for an op or an op's stage (cases.stages), and whether it has a kernel for a case's shapes
+(checked before anything is traced)."""
 
 from __future__ import annotations
 
 import importlib
 
 from cases import Case, storage_dtype
+from cases.stages import STAGE_OPS, stage_of
 from parity.model.spec import Unsupported
 
 # the built-in candidates: implementation name -> {op: (module, function)} of kernels_jax
@@ -20,23 +22,53 @@ PALLAS_KERNELS = {
     "pallas-fused": {"simple_gla": ("kernels_jax.simple_gla", "fused_chunk_simple_gla")},
 }
 FUSED_ONLY = {"pallas-fused": "the fused path exists for g_gamma gating only"}
+# implementation -> {op: the kernels_jax module of its stages, under FLA's function names}
+PALLAS_STAGES = {"pallas": {op: f"kernels_jax.{op}.stages" for op in STAGE_OPS}}
 
 
-def pallas_kernel(implementation: str, case: Case):
-    """The kernels_jax function `implementation` ('pallas' or 'pallas-fused') runs for `case`;
-    Unsupported (saying why) where it has none, checked before anything is traced."""
+# stages kernels_jax computes in XLA (jnp) inside its op's jit, not as Pallas kernels: their programs
+# hold no Mosaic kernel, and none is asked of them
+XLA_STAGES = frozenset({"local_cumsum"})
+
+
+def claims_mosaic(case: Case) -> bool:
+    """Whether kernels_jax's function for `case` is Pallas TPU kernels (its TPU module must hold a
+    Mosaic kernel): every op, and every stage but the XLA ones (XLA_STAGES)."""
+    return case.stage not in XLA_STAGES
+
+
+def pallas_location(implementation: str, case: Case) -> tuple[str, str]:
+    """(module, function) of the kernels_jax function `implementation` runs for `case` (the op's
+    entry point, or its stage module's function of the stage's FLA name); Unsupported where it
+    has none."""
+    if case.stage is not None:
+        module = PALLAS_STAGES.get(implementation, {}).get(case.op)
+        if module is None:
+            raise Unsupported(f"{implementation} has no stages of op {case.op!r}")
+        return module, stage_of(case.op, case.stage).function
     where = PALLAS_KERNELS[implementation].get(case.op)
     if where is None:
         raise Unsupported(f"{implementation} has no kernel for op {case.op!r}")
     if implementation == "pallas-fused" and not case.uses_g_gamma:
         raise Unsupported(FUSED_ONLY[implementation])
+    return where
+
+
+def pallas_kernel(implementation: str, case: Case):
+    """The kernels_jax function `implementation` ('pallas' or 'pallas-fused') runs for `case`;
+    Unsupported (saying why) where it has none, checked before anything is traced."""
+    where = pallas_location(implementation, case)
     # late: a kernels_jax module imports jax (heavy), only when a kernel is asked for; one that
     # fails to import is an error of the code under test, never `unsupported`
     from kernels_jax.common.validation import NoKernel
 
     module = importlib.import_module(where[0])
+    package = importlib.import_module(f"kernels_jax.{case.op}")  # its check_supported: the op's shapes
     try:
-        module.check_supported(case.K, case.V, storage_dtype(case, "q"))
+        package.check_supported(case.K, case.V, storage_dtype(case, "q"))
     except NoKernel as e:
         raise Unsupported(str(e)) from None
-    return getattr(module, where[1])
+    fn = getattr(module, where[1], None)
+    if fn is None:
+        raise Unsupported(f"{where[0]} has no {where[1]} (stage {case.kind})")
+    return fn

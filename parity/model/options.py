@@ -71,7 +71,7 @@ def select_cases(
     max_elements: int,
     max_bytes: int,
 ) -> list:
-    """The cases of exactly one source (a suite name, a JSON cases file, or case ids; case_ids
+    """The cases of exactly one source (suite names, a JSON cases file, or case ids; case_ids
     None where the surface has no such option), of `op` if given, each within the size limits."""
     from cases import Case, CaseError, get_suite, load_cases_file  # late: the case registry (numpy)
 
@@ -80,7 +80,7 @@ def select_cases(
         sources = "{suite} NAME, {cases} FILE" + (", {case} ID" if case_ids is not None else "")
         raise OptionError("suite", suite, f"exactly one of {sources}", f"{len(given)} case sources given")
     if suite:
-        cases = get_suite(check_suite(suite))
+        cases = list({c.id: c for name in check_suite(suite).split(",") for c in get_suite(name)}.values())
     elif cases_file:
         check_cases_file(cases_file)
         try:
@@ -101,12 +101,15 @@ def select_cases(
     return cases
 
 
-def check_suite(name: str) -> str:
+def check_suite(names: str) -> str:
+    """A suite name, or several joined by commas ("ci,stages": their cases, each once, in order)."""
     from cases import SUITES  # late: the case registry (numpy)
 
-    if name not in SUITES:
-        raise OptionError("suite", name, f"one of {list(SUITES)}", f"unknown suite {name!r}")
-    return name
+    for name in names.split(","):
+        if name not in SUITES:
+            allowed = f"one of {list(SUITES)}, or several joined by commas"
+            raise OptionError("suite", names, allowed, f"unknown suite {name!r}")
+    return names
 
 
 def check_op(name: str) -> str:

@@ -8,7 +8,11 @@
                                 output's rounding, on its low-precision tensors (a test subject)
     NAME=FRAMEWORK:MODULE:FUNCTION
                                 a user's candidate; FRAMEWORK jax (any jax code), pallas (a Pallas
-                                TPU kernel: its TPU module must hold a Mosaic kernel) or torch
+                                TPU kernel: its TPU module must hold a Mosaic kernel) or torch.
+                                FUNCTION an op's function (FLA's chunk_simple_gla convention) runs
+                                op cases; one of FLA's stage functions (chunk_fwd_h, ...) runs the
+                                stage cases of that stage; `*` runs every stage case whose FLA
+                                function MODULE has (a stage module, cases.stages)
 
 `parse_backend_spec(text)` is the one parser (SpecError, an OptionError of parity.model.option_error:
 the option, the spec and the allowed forms); everything after it (runner, records, repro, manifests, the page) reads the
@@ -35,12 +39,16 @@ KINDS = ("oracle", "fla", "kernels_jax", "candidate-jax", "candidate-pallas", "c
 # a backend's name is a folder of the output directory: a safe charset, no path components
 # ('.', '..', '/', a leading '-' or '.'), at most 64 characters
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
-CANDIDATE_RE = re.compile(r"^(?P<name>[^=]*)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+)$")
+CANDIDATE_RE = re.compile(r"^(?P<name>[^=]*)=(?P<fw>[a-z]+):(?P<module>[A-Za-z0-9_.]+):(?P<func>[A-Za-z0-9_]+|\*)$")
+STAGE_MODULE = "*"  # a candidate's FUNCTION that names a stage module: every stage function it has
 FORMS = (
     f"one of {list(BUILTIN)}, mutant:NAME, noise:REL, or a candidate NAME=FRAMEWORK:MODULE:FUNCTION "
     f"(FRAMEWORK one of {list(FRAMEWORKS)}, e.g. mine=jax:my_pkg.kernels:chunk_gla)"
 )
-CANDIDATE_FORM = "NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla"
+CANDIDATE_FORM = (
+    "NAME=FRAMEWORK:MODULE:FUNCTION, e.g. mine=jax:my_pkg.kernels:chunk_gla "
+    "(FUNCTION * for a module of stage functions: mine=jax:my_pkg.stages:*)"
+)
 RUNS_ON_JAX = "tpu, or TPU interpret mode on a CPU (matmuls under the TPU numerics model)"
 
 
@@ -73,9 +81,14 @@ class BackendSpec:
         return self.framework is not None
 
     def module_function(self) -> tuple[str, str]:
-        """(module, function) of a user's candidate."""
+        """(module, function) of a user's candidate (function `*`: a stage module)."""
         module, _, function = self.implementation.partition(":")
         return module, function
+
+    @property
+    def is_stage_module(self) -> bool:
+        """A candidate MODULE:* whose functions are stages under FLA's names."""
+        return self.is_candidate_spec and self.module_function()[1] == STAGE_MODULE
 
     def cli_args(self) -> list[str]:
         """The `parity run` arguments that run this backend beside the oracle and, unless it is

@@ -42,6 +42,9 @@ class Mutant:
     witness: str = ""  # a small case that must catch it (tests/test_mutants.py)
     tpu_only: bool = False  # invisible in interpret mode: caught by the TPU compile check only
     narrow: bool = False  # wrong only outside every named suite: for `parity fuzz` to find
+    # the first stage of its op (cases.stages) whose kernel holds the bug, as `parity localise` must name
+    # it; "" where the bug is in no stage's kernel (a wrap around the op's call, the op's entry point)
+    stage: str = ""
 
 
 def _initial_state_ignored(fn):
@@ -105,6 +108,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="intra-chunk decay exp(g_i - g_j) taken over the whole chunk before the causal mask "
         "(the upper triangle overflows at chunk 128 with ALiBi g_gamma: inf * 0 = NaN)",
         witness="simple_gla-fwd-B1-T128-H2-K64-V64-fp32-C128-gamma_stress",
+        stage="fwd_o",
     ),
     Mutant(
         "factorised-gate-bwd",
@@ -119,6 +123,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="backward through a per-channel gate built from g_gamma, factorised as exp(G_i) * exp(-G_j) "
         "(exp(-G) overflows when |g| * chunk > 88.7)",
         witness="simple_gla-fwdbwd-B1-T128-H2-K64-V64-fp32-C64-gamma_stress",
+        stage="bwd_dv",
     ),
     Mutant(
         "tile-overwrite-k256",
@@ -134,6 +139,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         ),
         what="a K or V tile wider than 128 overwrites the output instead of accumulating",
         witness="simple_gla-fwd-B1-T64-H1-K256-V256-fp32-C64-g_logsig",
+        stage="fwd_o",
     ),
     Mutant(
         "zero-dg-gamma",
@@ -158,6 +164,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         ),
         what="the state is not reset at a packed sequence's start, so it leaks into the next one",
         witness="simple_gla-fwd-B1-T100-H2-K64-V64-fp32-C64-g_logsig-lens37_1_62",
+        stage="fwd_h",
     ),
     Mutant(
         "initial-state-ignored",
@@ -188,6 +195,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         ),
         what="the final state is the state before the last chunk",
         witness="simple_gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-ht",
+        stage="fwd_h",
     ),
     Mutant(
         "scale-twice-intra",
@@ -196,6 +204,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         patches=(Patch(SIMPLE_GLA, _FORWARD_SCORES, _FORWARD_SCORES + "        scores = scores * scale\n"),),
         what="scale applied twice to the intra-chunk term",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
+        stage="fwd_o",
     ),
     Mutant(
         "mask-without-diagonal",
@@ -207,6 +216,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         ),
         what="the causal mask drops its diagonal (token t does not see itself)",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
+        stage="fwd_o",
     ),
     Mutant(
         "bf16-state",
@@ -223,6 +233,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="the recurrent state carried between chunks in bfloat16 instead of float32 "
         "(accuracy only: the bound against FLA must catch it)",
         witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-g_logsig-ht",
+        stage="fwd_h",
     ),
     Mutant(
         "gla-decay-last-row-only",
@@ -239,6 +250,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="gla: the state carried to the next chunk decays by the last row's gate only, "
         "not by the whole chunk's cumulative gate",
         witness="gla-fwd-B1-T128-H2-K64-V64-fp32-C64-g_logsig-h0",
+        stage="fwd_h",
     ),
     Mutant(
         "bf16-dot-fp32-contract",
@@ -255,6 +267,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="bf16 x bf16 matmuls asking for float32 contract precision: exact in TPU interpret mode, "
         "rejected by Mosaic on every TPU generation ('Bad lhs type'); only the TPU compile check sees it",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-bf16-C64-g_logsig",
+        stage="fwd_o",
     ),
     Mutant(
         "interpret-left-on",
@@ -272,6 +285,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "interpret mode themselves (what ran, parity.execute.pallas_paths) and the TPU module holds no Mosaic "
         "kernel (host callbacks instead)",
         witness="simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
+        stage="fwd_h",
     ),
     Mutant(
         "chunk-axis-parallel",
@@ -287,6 +301,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="every grid axis marked 'parallel', the sequential chunk axis of the state-carrying kernels "
         "included (Triton's independent programs; on a two-TensorCore TPU the state is split)",
         witness="simple_gla-fwd-B1-T320-H2-K64-V64-fp32-C64-g_logsig-ht",
+        stage="fwd_h",
     ),
     Mutant(
         "f32-dots-default-precision",
@@ -302,6 +317,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         what="float32 dots at DEFAULT precision: one bf16 MXU pass on a TPU (~2e-3), float32 in plain "
         "interpret mode; the TPU numerics model and the bound against FLA's TF32 must catch it",
         witness="simple_gla-fwd-B1-T256-H2-K64-V64-fp32-C64-gamma_alibi-ht",
+        stage="fwd_h",
     ),
     Mutant(
         "kv-swapped-scale",
@@ -319,5 +335,6 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         patches=(Patch("kernels_jax.kda.kernels", "dot(inv, write * v)", "dot(inv, v)"),),
         what="kda: beta applied to the keys but not to the values in the WY solve",
         witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
+        stage="fwd_intra",
     ),
 )

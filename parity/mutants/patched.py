@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 
 from cases import Case
-from parity.model.kernels import PALLAS_KERNELS, pallas_kernel
+from parity.model.kernels import pallas_kernel, pallas_location
 from parity.mutants.catalogue import Mutant, Patch
 
 PACKAGE = "kernels_jax"
@@ -60,7 +60,7 @@ def mutant_kernel(mutant: Mutant, case: Case) -> Callable:
     fn = pallas_kernel(mutant.impl, case)
     if not mutant.patches:
         return fn
-    module, function = PALLAS_KERNELS[mutant.impl][case.op]
+    module, function = pallas_location(mutant.impl, case)
     return getattr(patched_module(mutant, module), function)
 
 

@@ -31,7 +31,11 @@ DEFAULT_REPORT_DIR = "reports/pytest"
 
 def add_options(parser) -> None:
     g = parser.getgroup("parity", "linear-attention parity tests (linattn-parity)")
-    g.addoption("--parity-suite", default=None, help="case suite for the parity tests (default smoke)")
+    g.addoption(
+        "--parity-suite",
+        default=None,
+        help="case suite for the parity tests (default smoke); several joined by commas (ci,stages)",
+    )
     g.addoption(
         "--parity-cases", default=None, metavar="FILE", help="JSON file of case dicts or ids (instead of a suite)"
     )

@@ -47,7 +47,8 @@ def parse_candidate(text: str) -> tuple[str, str, str, str]:
 
 
 def load_candidate_function(spec: BackendSpec | str):
-    """The candidate's function, imported (from the working directory too); SpecError naming
+    """The candidate's function (its module, for a stage module MODULE:*), imported (from the
+    working directory too); SpecError naming
     the spec when its module cannot be imported or has no such function. A jax candidate's
     module is imported on the emulated TPU host (parity.execute.tpu_identity, where no TPU is
     attached): a library that fixes its path at import (a config's default built from
@@ -61,6 +62,8 @@ def load_candidate_function(spec: BackendSpec | str):
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
         problem = f"cannot import module {module!r}: {type(e).__name__}: {e}"
         raise SpecError("candidate", spec.text, "", problem) from None
+    if spec.is_stage_module:
+        return mod
     fn = getattr(mod, func, None)
     if not callable(fn):
         raise SpecError("candidate", spec.text, "", f"module {module!r} has no function {func!r}")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cases import Case
+from cases.stages import stage_shapes
 from parity.execute.stack_room import call_with_stack_room
 from parity.measure.tol import output_dtype
 from parity.model.spec import KernelCall, Unsupported
@@ -91,22 +92,11 @@ def check_tensors(
     """Every expected tensor present (or named in `unsupported` with a reason), with the
     shape of the tensor it belongs to and, from a kernel (`exact_dtypes`), in the case's output
     dtype (parity.measure.tol.output_dtype: o and the gradients of q, k, v and w in the case
-    dtype, states and gate gradients float32, FLA's convention): an o left in float32 on a
+    dtype, states and gate gradients float32, FLA's convention; a stage case's, cases.stages):
+    an o left in float32 on a
     bfloat16 case would escape the output rounding the bound takes out of both sides."""
     unsupported = unsupported or {}
-    expected = {
-        "o": (case.B, case.T, case.value_heads, case.V),
-        "ht": (case.N, case.value_heads, case.K, case.V),
-        "dq": inputs["q"].shape,
-        "dk": inputs["k"].shape,
-        "dv": inputs["v"].shape,
-        "dg": inputs["g"].shape if "g" in inputs else None,
-        "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
-        "dbeta": inputs["beta"].shape if "beta" in inputs else None,
-        "db": inputs["b"].shape if "b" in inputs else None,
-        "dw": inputs["w"].shape if "w" in inputs else None,
-        "dh0": (case.N, case.value_heads, case.K, case.V),
-    }
+    expected = stage_shapes(case) if case.stage is not None else _op_shapes(case, inputs)
     out = {}
     for name in case.output_names():
         if name not in tensors or tensors[name] is None:
@@ -123,6 +113,23 @@ def check_tensors(
             raise ValueError(f"{name!r} has dtype {arr.dtype.name}, expected {want} (the case's output dtype)")
         out[name] = arr
     return out
+
+
+def _op_shapes(case: Case, inputs: dict[str, np.ndarray]) -> dict[str, tuple | None]:
+    """The shape of every output an op case can ask for."""
+    return {
+        "o": (case.B, case.T, case.value_heads, case.V),
+        "ht": (case.N, case.value_heads, case.K, case.V),
+        "dq": inputs["q"].shape,
+        "dk": inputs["k"].shape,
+        "dv": inputs["v"].shape,
+        "dg": inputs["g"].shape if "g" in inputs else None,
+        "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
+        "dbeta": inputs["beta"].shape if "beta" in inputs else None,
+        "db": inputs["b"].shape if "b" in inputs else None,
+        "dw": inputs["w"].shape if "w" in inputs else None,
+        "dh0": (case.N, case.value_heads, case.K, case.V),
+    }
 
 
 def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> BackendResult:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case, input_shapes, storage_dtype
+from cases.stages import STAGE_FUNCTIONS, stage_of
 from parity.execute import compile_log
 from parity.model.spec import Unsupported
 
@@ -167,6 +168,26 @@ def jax_program(fn: Callable, case: Case) -> Callable:
         return outs, grads
 
     return program
+
+
+def candidate_function(loaded, spec, case: Case) -> Callable:
+    """The function a user's candidate runs for `case`: its function for an op case; for a stage
+    case, its function when that is the stage's FLA function (chunk_fwd_h, ...), or its stage
+    module's function of that name (MODULE:*). Unsupported, saying why, where it gives none."""
+    module, function = spec.module_function()
+    if case.stage is None:
+        if spec.is_stage_module or function in STAGE_FUNCTIONS:
+            raise Unsupported(f"{spec.name} gives stages ({module}:{function}), not the whole op {case.op}")
+        return loaded
+    want = stage_of(case.op, case.stage).function
+    if spec.is_stage_module:
+        fn = getattr(loaded, want, None)
+        if not callable(fn):
+            raise Unsupported(f"{module} has no {want}: {spec.name} gives no stage {case.kind}")
+        return fn
+    if function == want:
+        return loaded
+    raise Unsupported(f"{spec.name} is {module}:{function}, not {want}, the function of stage {case.kind}")
 
 
 def program_structs(case: Case, fn: Callable, sharding=None):

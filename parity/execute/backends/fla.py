@@ -15,6 +15,8 @@ run under the Triton interpreter (see triton_interpreter.py), recorded as
 'cpu:triton-interpreter'; FLA must then be imported after `triton_interpreter.request()`.
 Tensors FLA does not differentiate (it returns no gradient for g_gamma) are reported as
 unsupported with the reason, never as zeros.
+A stage case (cases.stages) calls FLA's stage function itself (fla.ops.common.chunk_h.chunk_fwd_h,
+...) on the stage's inputs, as FLA's op calls it (parity.execute.backends.stage_calling).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from importlib import metadata
 import numpy as np
 
 from cases import Case
+from cases.stages import stage_of
 from parity.execute.backends import triton_interpreter
 from parity.execute.backends.base import Execution
 from parity.execute.backends.calling import GRAD_NAMES, run_torch
+from parity.execute.backends.stage_calling import run_stage_torch
 from parity.model.spec import REFERENCE, KernelCall, Unsupported
 
 # op -> (module, function)
@@ -73,6 +77,8 @@ def _cuda() -> bool:
 
 
 def _kernel(case: Case, cuda: bool):
+    """FLA's function for the case (the op's, or its stage's), imported for the interpreter when
+    there is no CUDA device."""
     import importlib
 
     if not cuda:
@@ -85,7 +91,7 @@ def _kernel(case: Case, cuda: bool):
                 "import parity.execute.backends.fla (or call "
                 "parity.execute.backends.triton_interpreter.request()) first"
             )
-    module, name = FLA_KERNELS[case.op]
+    module, name = _fla_function(case)
     kernel = getattr(importlib.import_module(module), name)
     if not cuda and not triton_interpreter.fla_tiles_are_an_h100s():
         raise FlaImportedTooEarly(
@@ -94,6 +100,14 @@ def _kernel(case: Case, cuda: bool):
             "(or call request()) first"
         )
     return kernel
+
+
+def _fla_function(case: Case) -> tuple[str, str]:
+    """(module, function) of FLA's kernel for the case: the op's, or its stage's."""
+    if case.stage is None:
+        return FLA_KERNELS[case.op]
+    module, _, function = stage_of(case.op, case.stage).fla.partition(":")
+    return module, function
 
 
 def _versions() -> dict[str, str]:
@@ -116,6 +130,8 @@ class FlaBackend:
         reason = fla_limits(case)
         if reason:
             raise Unsupported(reason)
+        if case.stage is not None:
+            return KernelCall("torch", *_fla_function(case), case.chunk_size, cu_seqlens_int64=True)
         module, function = FLA_KERNELS[case.op]
         return KernelCall(
             "torch", module, function, None if case.op == "gla" else fla_chunk_size(case), cu_seqlens_int64=True
@@ -126,14 +142,18 @@ class FlaBackend:
 
         how = self.kernel_call(case)  # Unsupported first: nothing imported for a case FLA cannot run
         cuda = _cuda()
-        call = _fla_call(case, how, _kernel(case, cuda))
+        kernel = _kernel(case, cuda)
+        if case.stage is None:
+            call, run = _fla_call(case, how, kernel), run_torch
+        else:
+            call, run = kernel, run_stage_torch
         if cuda:
-            run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
-            tensors, seconds = run_torch(call, case, inputs, "cuda", torch.cuda.synchronize)
+            run(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
+            tensors, seconds = run(call, case, inputs, "cuda", torch.cuda.synchronize)
             platform = f"cuda:{torch.cuda.get_device_name()}"
         else:
             with np.errstate(all="ignore"):  # the interpreter's numpy sees masked-off exp overflows
-                tensors, seconds = run_torch(call, case, inputs, "cpu")
+                tensors, seconds = run(call, case, inputs, "cpu")
             platform = "cpu:triton-interpreter"
         if cuda:
             numerics = "cuda"
@@ -142,7 +162,7 @@ class FlaBackend:
         return Execution(
             tensors=tensors,
             platform=platform,
-            implementation=".".join(FLA_KERNELS[case.op]),
+            implementation=".".join(_fla_function(case)),
             versions=_versions(),
             kernel_time_s=seconds,
             numerics=numerics,
@@ -195,7 +215,7 @@ def _fla_call(case: Case, how: KernelCall, fla_fn):
 def _notes(case: Case, tensors: dict, cuda: bool) -> dict:
     """The record's notes: the chunk size FLA used, what the interpreter emulates, and the
     gradients FLA returns none of (unsupported_tensors, with the reason)."""
-    notes: dict = {"chunk_size": fla_chunk_size(case)}
+    notes: dict = {"chunk_size": fla_chunk_size(case) if case.stage is None else case.chunk_size}
     if not cuda:
         notes["emulation"] = (
             "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU; "

@@ -21,19 +21,21 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
+from cases.stages import stage_of
 from parity.execute import compile_log, interpret_callbacks, pallas_paths, tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import (
     accepts,
     candidate_declines,
+    candidate_function,
     check_candidate_supports,
     forward_case,
     forward_only,
-    program_structs,
     run_jax,
 )
+from parity.execute.backends.stage_calling import case_program, run_stage_jax
 from parity.measure import tpu_numerics
-from parity.model.kernels import PALLAS_KERNELS, pallas_kernel
+from parity.model.kernels import claims_mosaic, pallas_kernel, pallas_location
 from parity.model.spec import KernelCall, Unsupported, parse_backend_spec
 
 
@@ -100,7 +102,8 @@ def _pallas_paths(fn: Callable, case: Case, implementation: str) -> list[tuple[s
     a case traces the same program)."""
     key = (implementation, fn, case.replace(seed=0), tpu_identity.interpret_target()[0])
     if key not in _PATHS:
-        _PATHS[key] = pallas_paths.traced(*program_structs(case, fn))
+        program, args = case_program(case, fn)
+        _PATHS[key] = pallas_paths.traced(program, *args)
     return _PATHS[key]
 
 
@@ -120,7 +123,7 @@ def run_on_the_tpu_host(
     forced = not _tpu_present()  # asked here: inside the emulation jax answers "tpu"
     with _on_the_tpu_host(forced, module) as notes:
         with _tpu_interpret_mode(forced):
-            tensors, seconds = run_jax(fn, case, inputs)
+            tensors, seconds = (run_jax if case.stage is None else run_stage_jax)(fn, case, inputs)
         try:
             paths = pallas_paths.describe(_pallas_paths(fn, case, implementation), forced=forced)
         except Exception as e:  # noqa: BLE001 - fail closed: what ran is unknown
@@ -149,7 +152,7 @@ class PallasBackend:
     def kernel_call(self, case: Case) -> KernelCall:
         """The kernels_jax entry point for the case; chunk_size passed when it accepts one."""
         fn = self.kernel(case)
-        module, function = PALLAS_KERNELS[self.name][case.op]
+        module, function = pallas_location(self.name, case)
         return KernelCall("jax", module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
@@ -168,15 +171,16 @@ class PallasBackend:
 
     def compile_subject(self, case: Case) -> CompileSubject:
         fn = self.kernel(case)
-        return CompileSubject(fn, f"{fn.__module__}.{fn.__name__}")
+        return CompileSubject(fn, f"{fn.__module__}.{fn.__name__}", expect_mosaic=claims_mosaic(case))
 
     @staticmethod
     def execute(
         fn: Callable, case: Case, inputs: dict[str, np.ndarray], implementation: str, notes: dict | None = None
     ) -> Execution:
-        """Call a kernels_jax kernel (or a variant of one) and record where it ran."""
+        """Call a kernels_jax kernel (or a variant of one) and record where it ran; it must run as
+        Pallas TPU kernels, but for the stages kernels_jax computes in XLA (kernels.XLA_STAGES)."""
         numerics = _numerics()
-        tensors, seconds, ran = run_on_the_tpu_host(fn, case, inputs, implementation, tpu_kernels=True)
+        tensors, seconds, ran = run_on_the_tpu_host(fn, case, inputs, implementation, tpu_kernels=claims_mosaic(case))
         return Execution(
             tensors=tensors,
             platform=_platform(),
@@ -199,13 +203,18 @@ class JaxCandidate:
     def __init__(self, name: str, fn: Callable, spec: str, framework: str = "jax"):
         self.name, self.fn, self.spec, self.framework = name, fn, spec, framework
 
+    def function(self, case: Case) -> Callable:
+        """The function the candidate runs for `case` (calling.candidate_function)."""
+        return candidate_function(self.fn, parse_backend_spec(self.spec), case)
+
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
-        check_candidate_supports(self.fn, case)
-        run_as, not_judged = forward_case(self.fn, case)
+        fn = self.function(case)
+        check_candidate_supports(fn, case)
+        run_as, not_judged = forward_case(fn, case)
         numerics = _numerics()
         with candidate_declines():
             tensors, seconds, ran = run_on_the_tpu_host(
-                self.fn,
+                fn,
                 run_as,
                 inputs,
                 self.spec,
@@ -224,11 +233,13 @@ class JaxCandidate:
 
     def kernel_call(self, case: Case) -> KernelCall:
         """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
+        fn = self.function(case)
         module, function = parse_backend_spec(self.spec).module_function()
-        return KernelCall("jax", module, function, case.chunk_size if accepts(self.fn, "chunk_size") else None)
+        if case.stage is not None:  # the stage's function of a stage module (MODULE:*) or the one given
+            function = stage_of(case.op, case.stage).function
+        return KernelCall("jax", module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
 
     def compile_subject(self, case: Case) -> CompileSubject:
-        check_candidate_supports(self.fn, case)
-        return CompileSubject(
-            self.fn, self.spec, expect_mosaic=self.framework == "pallas", forward_only=forward_only(self.fn)
-        )
+        fn = self.function(case)
+        check_candidate_supports(fn, case)
+        return CompileSubject(fn, self.spec, expect_mosaic=self.framework == "pallas", forward_only=forward_only(fn))

@@ -7,6 +7,7 @@ import numpy as np
 from cases import Case
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.jax_backends import PallasBackend
+from parity.model.kernels import claims_mosaic
 from parity.model.spec import BackendSpec, KernelCall, Unsupported
 from parity.mutants import BY_NAME
 from parity.mutants.patched import mutant_kernel
@@ -34,7 +35,11 @@ class MutantBackend:
         if case.op != m.op:
             raise Unsupported(f"{self.name} mutates the {m.op} kernel")
         fn = mutant_kernel(m, case)
-        return CompileSubject(m.wrap(fn) if m.wrap else fn, f"{fn.__module__}.{fn.__name__} with mutation {m.name}")
+        return CompileSubject(
+            m.wrap(fn) if m.wrap else fn,
+            f"{fn.__module__}.{fn.__name__} with mutation {m.name}",
+            expect_mosaic=claims_mosaic(case),
+        )
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         subject = self.compile_subject(case)

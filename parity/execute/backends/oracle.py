@@ -108,7 +108,11 @@ class OracleBackend:
         return Execution(
             tensors=tensors,
             platform=f"cpu:float64 ({platform.machine()})",
-            implementation=f"references.{case.op} (float64, chunked; the recurrence defines it)",
+            implementation=(
+                f"references.{case.op} (float64, chunked; the recurrence defines it)"
+                if case.stage is None
+                else f"references.stages.{case.op} {case.stage} (float64, from the recurrence)"
+            ),
             versions={"oracle": ORACLE_VERSION, "jax": jax.__version__},
             kernel_time_s=seconds,
             numerics="float64",

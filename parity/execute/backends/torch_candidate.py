@@ -7,14 +7,17 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
+from cases.stages import stage_of
 from parity.execute.backends.base import Execution
 from parity.execute.backends.calling import (
     accepts,
     candidate_declines,
+    candidate_function,
     check_candidate_supports,
     forward_case,
     run_torch,
 )
+from parity.execute.backends.stage_calling import run_stage_torch
 from parity.model.spec import KernelCall, parse_backend_spec
 
 
@@ -24,22 +27,29 @@ class TorchCandidate:
     def __init__(self, name: str, fn: Callable, spec: str):
         self.name, self.fn, self.spec = name, fn, spec
 
+    def function(self, case: Case) -> Callable:
+        """The function the candidate runs for `case` (calling.candidate_function)."""
+        return candidate_function(self.fn, parse_backend_spec(self.spec), case)
+
     def kernel_call(self, case: Case) -> KernelCall:
         """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
+        fn = self.function(case)
         module, function = parse_backend_spec(self.spec).module_function()
-        return KernelCall("torch", module, function, case.chunk_size if accepts(self.fn, "chunk_size") else None)
+        if case.stage is not None:  # the stage's function of a stage module (MODULE:*) or the one given
+            function = stage_of(case.op, case.stage).function
+        return KernelCall("torch", module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
 
         cuda = torch.cuda.is_available()
         device = "cuda" if cuda else "cpu"
-        check_candidate_supports(self.fn, case)
-        run_as, not_judged = forward_case(self.fn, case)
+        fn = self.function(case)
+        check_candidate_supports(fn, case)
+        run_as, not_judged = forward_case(fn, case)
+        run = run_torch if case.stage is None else run_stage_torch
         with candidate_declines():
-            tensors, seconds = run_torch(
-                self.fn, run_as, inputs, device, torch.cuda.synchronize if cuda else lambda: None
-            )
+            tensors, seconds = run(fn, run_as, inputs, device, torch.cuda.synchronize if cuda else lambda: None)
         where = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:torch"
         return Execution(
             tensors=tensors,

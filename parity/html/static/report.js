@@ -329,6 +329,24 @@
     }
   }
 
+  function renderStages(d) {  // an op case whose stage cases ran: each candidate's stages in order, the first over its bound
+    for (const loc of d.stages || []) {
+      add(body, "h3", { class: "stages" }, `Stages of ${loc.candidate} (${loc.stage_candidate})`);
+      const link = s => { const a = el("a", { href: "#case=" + encodeURIComponent(s.case_id) }, s.stage); return a; };
+      const verdict = s => { const span = el("span"); span.appendChild(chip(s.verdict)); return span; };
+      gridTable(body, ["stage", "verdict", "decided by", "where", ""], loc.stages.map(s => [
+        link(s), verdict(s), s.why || s.detail || "–", s.where || "–", s.stage === loc.first ? "first over its bound" : ""]), "stages");
+      if (loc.first) {
+        const first = loc.stages.find(s => s.stage === loc.first);
+        const div = add(body, "div", { class: "repro" });
+        add(div, "span", { class: "label" }, `${loc.first} alone`);
+        add(div, "code", {}, first.repro);
+      } else if (!loc.given.length) {
+        add(body, "p", { class: "note" }, `${loc.stage_candidate} gives none of this op's stages`);
+      }
+    }
+  }
+
   function fmtBytes(n) {
     if (typeof n !== "number") return "–";
     return n < 1024 ? `${n} B` : (n < 1048576 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(2)} MiB`);
@@ -594,6 +612,7 @@
     body.replaceChildren();
     plots.length = 0;
     renderHeader(d);
+    renderStages(d);
     renderBackends(d);
     renderCompile(d);
     add(body, "h3", {}, "Tensors");

@@ -1,0 +1,128 @@
+"""Simple GLA's stages (fla.ops.simple_gla.chunk: fla.ops.common.chunk_h, fla.ops.common.chunk_o,
+fla.ops.utils.cumsum), in FLA 0.6.0's calling convention (keyword arguments; tensors in FLA's
+[B, T, H, ...] layout; varlen cases pass cu_seqlens [N + 1] with B == 1; chunk_size always):
+
+    local_cumsum  chunk_local_cumsum(g, chunk_size, scale=RCP_LN2, cu_seqlens)   g gates only
+                    g [B, T, H] float32 (the op's raw log-decays)
+                    -> g_cumsum [B, T, H] float32: the cumsum within each chunk, times 1 / ln 2
+    fwd_h         chunk_fwd_h(k, v, g | g_gamma, h0, output_final_state, cu_seqlens, chunk_size,
+                              states_in_fp32=False)
+                    -> h [B, NT, H, K, V] in k's dtype (the state before each chunk: FLA's forward
+                       keeps it in the input dtype, states_in_fp32=False), ht [N, H, K, V] float32
+    fwd_o         chunk_fwd_o(q, k, v, h, g | g_gamma, scale, cu_seqlens, chunk_size)
+                    h as fwd_h returns it -> o [B, T, H, V] in v's dtype
+    bwd_dh        chunk_bwd_dh(q, k, v, do, h0, dht, scale, g | g_gamma, cu_seqlens, chunk_size,
+                               states_in_fp32=True)
+                    -> dh [B, NT, H, K, V] float32 (the gradient w.r.t. the state after each
+                       chunk, from the chunks after it and dht), dh0 [N, H, K, V] float32
+    bwd_dv        chunk_bwd_dv(q, k, do, dh, g | g_gamma, scale, cu_seqlens, chunk_size)
+                    -> dv [B, T, H, V] in do's dtype
+    bwd_dqkwg     chunk_bwd_dqkwg(q, k, v, do, h, dh, g | g_gamma, scale, cu_seqlens, chunk_size)
+                    h float32 (FLA's backward recomputes it with states_in_fp32=True)
+                    -> dq, dk [B, T, H, K] in q's dtype, dg [B, T, H] float32 (g gates: the
+                       gradient w.r.t. the chunk-local cumsum, before FLA's reverse cumsum)
+
+Gates reach the stages after the cumsum: g is the chunk-local cumsum of the op's g times 1 / ln 2
+(RCP_LN2: FLA 0.6.0's kernels take exp2), g_gamma the op's g_gamma times 1 / ln 2. NT counts
+chunks per row (B rows) or over all packed sequences (varlen, B == 1), as FLA's
+prepare_chunk_offsets does. dht is the op's cotangent of the final state, given only when the case
+returns one (FLA's autograd passes None otherwise); h0 the op's initial state when the case has one.
+"""
+
+from __future__ import annotations
+
+from cases.stages import RCP_LN2, Stage, num_chunks
+
+_H = "fla.ops.common.chunk_h"
+_O = "fla.ops.common.chunk_o"
+
+
+def local_cumsum_stage(op: str) -> Stage:
+    """FLA's chunk_local_cumsum of `op`'s per-token g gate [B, T, H, ...] -> g_cumsum (the same
+    shape, times 1 / ln 2: log2 units), the first stage of every op with a g gate."""
+    return Stage(
+        op,
+        "local_cumsum",
+        "fla.ops.utils.cumsum:chunk_local_cumsum",
+        ("g",),
+        ("g_cumsum",),
+        "fwd",
+        kwargs=(("scale", RCP_LN2),),
+        g_only=True,
+    )
+
+
+STAGES = (
+    local_cumsum_stage("simple_gla"),
+    Stage(
+        "simple_gla",
+        "fwd_h",
+        f"{_H}:chunk_fwd_h",
+        ("k", "v", "gate", "h0"),
+        ("h", "ht"),
+        "fwd",
+        kwargs=(("output_final_state", "$ht"), ("states_in_fp32", False)),
+    ),
+    Stage(
+        "simple_gla", "fwd_o", f"{_O}:chunk_fwd_o", ("q", "k", "v", "h", "gate"), ("o",), "fwd", (("scale", "$scale"),)
+    ),
+    Stage(
+        "simple_gla",
+        "bwd_dh",
+        f"{_H}:chunk_bwd_dh",
+        ("q", "k", "v", "do", "h0", "dht", "gate"),
+        ("dh", "dh0"),
+        "bwd",
+        kwargs=(("scale", "$scale"), ("states_in_fp32", True)),
+    ),
+    Stage(
+        "simple_gla",
+        "bwd_dv",
+        f"{_O}:chunk_bwd_dv",
+        ("q", "k", "do", "dh", "gate"),
+        ("dv",),
+        "bwd",
+        (("scale", "$scale"),),
+    ),
+    Stage(
+        "simple_gla",
+        "bwd_dqkwg",
+        f"{_O}:chunk_bwd_dqkwg",
+        ("q", "k", "v", "do", "h", "dh", "gate"),
+        ("dq", "dk", "dw", "dg"),
+        "bwd",
+        kwargs=(("scale", "$scale"),),
+    ),
+)
+
+
+def present(case, name: str) -> bool:
+    """h0 and dh0 with an initial state, dht and ht with a final state, dg with a g gate; dw never
+    (simple_gla has no w); everything else always."""
+    rules = {"h0": case.h0, "dh0": case.h0, "dht": case.ht, "ht": case.ht, "dg": not case.uses_g_gamma, "dw": False}
+    return rules.get(name, True)
+
+
+def shapes(case) -> dict[str, tuple[int, ...]]:
+    """Shape of every stage input and output of `case` (FLA's layout)."""
+    B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
+    NT = num_chunks(case)
+    gate = (H,) if case.uses_g_gamma else (B, T, H)
+    return {
+        **dict.fromkeys(("q", "k", "dq", "dk"), (B, T, H, K)),
+        **dict.fromkeys(("v", "do", "o", "dv"), (B, T, H, V)),
+        **dict.fromkeys(("g", "g_gamma", "g_cumsum", "dg"), gate),
+        **dict.fromkeys(("h0", "dht", "ht", "dh0"), (N, H, K, V)),
+        **dict.fromkeys(("h", "dh"), (B, NT, H, K, V)),
+    }
+
+
+def dtype(case, name: str) -> str:
+    """The case dtype for q, k, v, do and their gradients, and for h where FLA's forward keeps
+    states in k's dtype (fwd_h's output, fwd_o's input); float32 for gates, ht, h0, dht, dh, dh0
+    and bwd_dqkwg's h (FLA's backward recomputes it in float32)."""
+    if name in ("q", "k", "v", "do", "o", "dq", "dk", "dv"):
+        return case.dtype
+    if name == "h" and case.stage in ("fwd_h", "fwd_o"):
+        return case.dtype
+    return "float32"

@@ -1,0 +1,152 @@
+"""Stage cases (cases.stages): ids, inputs, the calling convention of stage candidates, the
+shapes and dtypes a stage's outputs are held to, and `parity localise` naming the stage of a
+planted bug."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from cases import Case, CaseError, get_suite, make_inputs
+from cases.stages import STAGES, stage_dtype, stage_input_names, stage_shapes
+from cases.suites import stage_cases
+from parity.cli import main
+from parity.execute.backends import parse_backend_spec
+from parity.execute.backends.base import check_tensors
+from parity.execute.backends.calling import candidate_function
+from parity.model.inputs import case_inputs
+from parity.model.spec import Unsupported
+from tests.helpers import requires_libtpu
+
+FWD_H = Case.from_id("simple_gla:fwd_h-fwd-B1-T100-H2-K64-V64-bf16-C32-g_logsig-h0-ht-lens37_1_62")
+
+
+def test_every_stage_case_of_the_registry_round_trips_through_its_id_and_dict():
+    cases = get_suite("stages") + [c for c in get_suite("full") if c.stage]
+    for op, stages in STAGES.items():  # every stage of every op with stages is in the stages suite
+        assert {c.stage for c in get_suite("stages") if c.op == op} == set(stages), op
+    for c in cases:
+        assert Case.from_id(c.id) == c and Case.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+        assert c.id.startswith(f"{c.op}:{c.stage}-fwd-")
+    assert "stage" not in Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig").to_dict()
+
+
+@pytest.mark.parametrize(
+    "case_id,field",
+    [
+        ("simple_gla:fwd_x-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig", "Case.stage='fwd_x'"),
+        ("simple_gla:fwd_h-fwdbwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig", "Case.direction='fwdbwd'"),
+        ("simple_gla:local_cumsum-fwd-B1-T64-H1-K64-V64-fp32-C64-gamma_alibi", "Case.gate='gamma_alibi'"),
+        ("gdn2:fwd_h-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig", "Case.stage='fwd_h'"),
+    ],
+)
+def test_a_bad_stage_case_is_refused_naming_its_field(case_id, field):
+    with pytest.raises(CaseError, match=field.replace("(", r"\(")):
+        Case.from_id(case_id)
+
+
+def test_stage_cases_of_an_op_case_follow_its_direction_and_gate():
+    fwd = Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig")
+    assert [c.stage for c in stage_cases(fwd)] == ["local_cumsum", "fwd_h", "fwd_o"]
+    both = fwd.replace(direction="fwdbwd", gate="gamma_alibi")
+    assert [c.stage for c in stage_cases(both)] == ["fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqkwg"]
+    assert all(c.op_case == both.replace(direction=c.op_case.direction) for c in stage_cases(both))
+
+
+def test_stage_inputs_are_the_registry_shapes_and_dtypes_the_same_bytes_every_time():
+    with pytest.raises(CaseError, match="stage case"):
+        make_inputs(FWD_H)
+    a, b = case_inputs(FWD_H), case_inputs(FWD_H)
+    assert sorted(a) == sorted([*stage_input_names(FWD_H), "cu_seqlens"]) == sorted(b)
+    for name in stage_input_names(FWD_H):
+        assert a[name].shape == stage_shapes(FWD_H)[name] and a[name].dtype.name == stage_dtype(FWD_H, name)
+        assert a[name].tobytes() == b[name].tobytes()
+    op = make_inputs(FWD_H.op_case)
+    assert a["k"].tobytes() == op["k"].tobytes() and a["h0"].tobytes() == op["initial_state"].tobytes()
+
+
+def test_a_stage_output_is_held_to_the_dtype_flas_stage_returns_it_in():
+    shapes = stage_shapes(FWD_H)
+    ht = np.zeros(shapes["ht"], np.float32)
+    assert stage_dtype(FWD_H, "h") == "bfloat16"  # FLA's forward keeps the states in k's dtype
+    with pytest.raises(ValueError, match="'h' has dtype float32, expected bfloat16"):
+        check_tensors(FWD_H, {}, {"h": np.zeros(shapes["h"], np.float32), "ht": ht})
+    with pytest.raises(ValueError, match="'ht' has shape"):
+        check_tensors(FWD_H, {}, {"h": np.zeros(shapes["h"], np.float32), "ht": ht[:, :1]}, {}, False)
+
+
+def _module(**functions):
+    return types.SimpleNamespace(**functions)
+
+
+def test_a_candidate_runs_the_stages_it_gives_and_declines_the_rest():
+    def chunk_fwd_h(**kw):
+        return kw
+
+    def chunk_simple_gla(*a, **kw):
+        return a
+
+    fwd_o = FWD_H.replace(stage="fwd_o")
+    op = FWD_H.op_case
+    module = parse_backend_spec("port=jax:my_stages:*")
+    assert candidate_function(_module(chunk_fwd_h=chunk_fwd_h), module, FWD_H) is chunk_fwd_h
+    for case, spec, loaded, why in [
+        (fwd_o, module, _module(chunk_fwd_h=chunk_fwd_h), "my_stages has no chunk_fwd_o"),
+        (op, module, _module(chunk_fwd_h=chunk_fwd_h), "gives stages"),
+        (fwd_o, parse_backend_spec("port=jax:my_stages:chunk_fwd_h"), chunk_fwd_h, "not chunk_fwd_o"),
+        (FWD_H, parse_backend_spec("mine=jax:mine:chunk_simple_gla"), chunk_simple_gla, "not chunk_fwd_h"),
+    ]:
+        with pytest.raises(Unsupported, match=why):
+            candidate_function(loaded, spec, case)
+    assert candidate_function(chunk_simple_gla, parse_backend_spec("mine=jax:mine:chunk_simple_gla"), op)
+
+
+@requires_libtpu
+def test_localise_names_the_stage_a_planted_bug_lives_in(tmp_path, capsys):
+    """scale-twice-intra scales fwd_o's intra-chunk scores twice: the op fails, local_cumsum and
+    fwd_h pass, fwd_o is named with a repro of it alone."""
+    case = "simple_gla-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig"
+    out = tmp_path / "loc"
+    rc = main(["localise", case, "--candidate", "mutant:scale-twice-intra", "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    assert rc == 1, text
+    result = json.loads((out / "localise.json").read_text())
+    assert [s["stage"] for s in result["stages"]] == ["local_cumsum", "fwd_h", "fwd_o"]
+    assert result["op"]["verdict"] != "pass" and result["first"] == "fwd_o", text
+    assert [s["verdict"] for s in result["stages"][:2]] == ["pass", "pass"]
+    assert "first stage over its bound: fwd_o" in text
+    assert "parity run --case simple_gla:fwd_o-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig" in text
+    # the op case's page names the stage too
+    page = [f.read_text() for f in (out / "index_files" / "cases").glob("*.js") if f'"id":"{case}"' in f.read_text()]
+    assert len(page) == 1 and '"first":"fwd_o"' in page[0]
+
+
+def test_the_repro_script_of_a_stage_case_calls_the_stage_and_judges_it(tmp_path, capsys):
+    """parity repro on a stage case writes a script that calls kernels_jax's chunk_fwd_o with FLA's
+    stage arguments on the bundled inputs and prints the harness's verdict."""
+    case = "simple_gla:fwd_o-fwd-B1-T100-H2-K64-V64-bf16-C64-g_logsig-lens37_63"
+    assert main(["repro", case, "-o", str(tmp_path / "r"), "--no-reference"]) == 0
+    p = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "r", capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "STAGE_OUTPUTS = ('o',)" in (tmp_path / "r" / "repro.py").read_text()
+    assert re.search(r"  o +rel_rms \d", p.stdout) and "verdict: pass" in p.stdout, p.stdout
+
+
+def test_localise_takes_a_users_stages_from_their_module_and_the_builtins_own():
+    from parity.cli.localise import stage_spec
+    from parity.model.options import OptionError
+
+    assert stage_spec("pallas", None) == "pallas" and stage_spec("mutant:bf16-state", None) == "mutant:bf16-state"
+    assert stage_spec("mine=jax:my.kernels:chunk_simple_gla", "my.stages") == "mine.stages=jax:my.stages:*"
+    with pytest.raises(OptionError, match="stages"):
+        stage_spec("mine=jax:my.kernels:chunk_simple_gla", None)
+    with pytest.raises(OptionError, match="gives its own stages"):
+        stage_spec("pallas", "my.stages")
+    with pytest.raises(OptionError, match="candidate"):
+        stage_spec("fla", None)
