@@ -270,7 +270,10 @@ def _bwd_dv(k, g, A, do, dh, layout, gate_src, keep, cfg: KernelConfig):
 def chunk_gla_bwd_dA(v, do, scale, cu_seqlens=None, chunk_size=64, **unused):
     """v, do [B, T, H, V] -> dA [B, T, H, C] float32: scale do_t . v_s for s <= t, 0 above.
     Kernel: stage_kernels.bwd_da."""
-    layout, cfg, _, _ = _prepare("chunk_gla_bwd_dA", v, do, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    # planned with a one-channel stand-in for q, k: the stage reads only v and do (V up to 512)
+    layout, cfg, _, _ = _prepare(
+        "chunk_gla_bwd_dA", v[..., :1], do, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size
+    )
     return _bwd_da(v, do, layout, cfg)
 
 
