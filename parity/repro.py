@@ -35,7 +35,7 @@ from jinja2 import Template
 
 import parity
 from cases import Case, input_hash
-from cases.stages import stage_kwargs, stage_of
+from cases.stages import stage_arguments, stage_kwargs, stage_of
 from parity.execute.backends import Unsupported, as_spec, make_backend
 from parity.execute.backends.base import Execution
 from parity.execute.backends.oracle import cached_oracle
@@ -299,7 +299,7 @@ def _stage_fields(case: Case) -> dict:
     if case.stage is None:
         return {"stage": None}
     stage = stage_of(case.op, case.stage)
-    inputs = [case.gate_name if n == "gate" else n for n in stage.inputs]
+    inputs = stage_arguments(case)
     kwargs = stage_kwargs(case)
     return {
         "stage": case.stage,

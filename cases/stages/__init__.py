@@ -111,12 +111,16 @@ def stage_outputs(case) -> list[str]:
     return [n for n in stage_of(case.op, case.stage).outputs if present(case, n)]
 
 
+def stage_arguments(case) -> list[str]:
+    """Every tensor argument of the stage function, in FLA's order, under FLA's names (the gate as
+    the case's g or g_gamma), whether or not the case has it."""
+    return [case.gate_name if n == "gate" else n for n in stage_of(case.op, case.stage).inputs]
+
+
 def stage_input_names(case) -> list[str]:
-    """The stage function's tensor inputs for `case`, under FLA's names (the gate as g or g_gamma),
-    those the case has (`present`)."""
+    """The stage function's tensor inputs for `case` (stage_arguments), those the case has (`present`)."""
     present = op_module(case.op).present
-    names = [case.gate_name if n == "gate" else n for n in stage_of(case.op, case.stage).inputs]
-    return [n for n in names if present(case, n)]
+    return [n for n in stage_arguments(case) if present(case, n)]
 
 
 def stage_kwargs(case) -> dict[str, object]:

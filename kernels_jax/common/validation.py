@@ -77,8 +77,8 @@ def check_supported(K: int, V: int, dtype=None, op: str = "kernels_jax") -> None
 
 
 def is_concrete(x) -> bool:
-    """True when x's values are known now (not a tracer under jit/vmap/grad)."""
-    return not isinstance(x, jax.core.Tracer)
+    """True when x's values are known now (not a tracer under jit/vmap/grad, nor a shape alone)."""
+    return not isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct))
 
 
 class _Checker:

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels_jax.common import stage_layout
-from kernels_jax.common.config import KernelConfig, tile
-from kernels_jax.common.layout import ChunkLayout, padded_dim, plan
+from kernels_jax.common.config import KernelConfig, prepare
+from kernels_jax.common.layout import ChunkLayout
 from kernels_jax.common.stage_layout import (
     gate_slots,
     gate_sources,
@@ -37,12 +37,11 @@ from kernels_jax.common.stage_layout import (
     states_in,
     states_out,
 )
-from kernels_jax.common.validation import check_supported
+from kernels_jax.kda.chunk import ALIGN  # the gdn op runs KDA's kernels
 
 from . import stage_kernels as kernels
 
 F32 = jnp.float32
-ALIGN = 8  # head dims padded to whole sublanes
 
 
 @jax.tree_util.register_pytree_node_class
@@ -69,29 +68,26 @@ class _Plan:
 
 
 def _plan(stage, k, v, *, cu_seqlens, chunk_size, scale=None, has_h0=False) -> _Plan:
-    """The plan of a stage call from k [B, T, H, K] and a value-head tensor v [B, T, HV, V]."""
+    """The plan of a stage call from k [B, T, H, K] and a value-head tensor v [B, T, HV, V]: the
+    op's own entry contract and config (config.prepare, on shapes alone)."""
     require_concrete(cu_seqlens, "gdn", stage)
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
-    if HV % H:
-        raise ValueError(f"gdn {stage}: value heads HV={HV} must be a multiple of H={H}")
-    check_supported(K, V, k.dtype, "gdn")
-    layout = plan(B, T, chunk_size, cu_seqlens)
-    Kp, Vp = padded_dim(K, ALIGN), padded_dim(V, ALIGN)
-    cfg = KernelConfig(
-        H=H,
-        K=Kp,
-        V=Vp,
-        C=layout.C,
-        NT=layout.NT,
-        N=layout.N,
-        scale=float(K**-0.5 if scale is None else scale),
-        has_h0=has_h0,
-        bk=tile(Kp),
-        bv=tile(Vp),
-        K_in=K,
-        V_in=V,
-        HV=HV,
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    sds = jax.ShapeDtypeStruct
+    qk, per_token = sds((B, T, H, K), k.dtype), sds((B, T, HV), F32)
+    layout, cfg = prepare(
+        "gdn",
+        qk,
+        qk,
+        sds((B, T, HV, V), k.dtype),
+        align=ALIGN,
+        g=per_token,
+        beta=per_token,
+        scale=scale,
+        initial_state=sds((N, HV, K, V), F32) if has_h0 else None,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
     )
     gate_src, keep = gate_sources(layout)
     return _Plan(layout, cfg, gate_src, keep, jnp.asarray(np.asarray(layout.length), jnp.int32))

@@ -98,6 +98,11 @@ def tpu_targets(a) -> tuple[str, ...]:
     return options.tpu_targets(a.tpu_targets)
 
 
+def interrupted_status(signal_name: str) -> int:
+    """The exit status of a run a signal ended ("SIGINT" or "SIGTERM"): 128 + its number."""
+    return 130 if signal_name == "SIGINT" else 143
+
+
 def prepare_out(out: Path) -> Path:
     """Create the output directory and prove it writable, before any worker starts."""
     try:

@@ -22,6 +22,7 @@ from parity.cli.common import (
     UsageError,
     bound_factor_option,
     interpret_as_option,
+    interrupted_status,
     prepare_out,
     tpu_options,
     tpu_targets,
@@ -115,7 +116,7 @@ def cmd_localise(a) -> int:
         summary = run_cases(cases, config)
     if summary["interrupted"]:
         print(f"parity localise: interrupted by {summary['interrupted']}", file=sys.stderr)
-        return 130 if summary["interrupted"] == "SIGINT" else 143
+        return interrupted_status(summary["interrupted"])
     names = {s.text: s.name for s in specs}
     result = localise_stages(
         case,

@@ -25,6 +25,7 @@ from parity.cli.common import (
     UsageError,
     bound_factor_option,
     interpret_as_option,
+    interrupted_status,
     prepare_out,
     select_cases,
     selection_options,
@@ -111,7 +112,7 @@ def cmd_mutants(a) -> int:
             f"the gate refuses {out} until the rest is run",
             file=sys.stderr,
         )
-        return 130 if result["interrupted"] == "SIGINT" else 143
+        return interrupted_status(result["interrupted"])
     print(format_score(result))
     if not a.no_html:
         page = write_report([out], out / "index.html")

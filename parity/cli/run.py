@@ -12,6 +12,7 @@ from parity.cli.common import (
     UsageError,
     bound_factor_option,
     interpret_as_option,
+    interrupted_status,
     prepare_out,
     select_cases,
     selection_options,
@@ -131,7 +132,7 @@ def cmd_run(a) -> int:
             f"in {out}; the gate refuses this directory until the rest is run",
             file=sys.stderr,
         )
-        return 130 if summary["interrupted"] == "SIGINT" else 143
+        return interrupted_status(summary["interrupted"])
     if gate_text:
         print(gate_text)
     if not a.no_html:

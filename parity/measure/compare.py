@@ -42,6 +42,7 @@ from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
 TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta", "db", "dw", "g_cumsum")  # [B, T, H, ...]
 CHUNK_TENSORS = ("h", "dh")  # a stage's states per chunk, [B, NT, H, K, V]: profiled per chunk like time
+PER_CHUNK = TIME_TENSORS + CHUNK_TENSORS  # tensors with a per-chunk profile and (chunk, head) heatmap
 N_WORST = 5
 
 
@@ -128,9 +129,7 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     """`_localise`, plus the grid hazard a time tensor's pattern points to (HAZARDS), if any."""
     loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
     pattern = loc.get("pattern")
-    if (name in TIME_TENSORS or name in CHUNK_TENSORS) and (
-        pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)
-    ):
+    if name in PER_CHUNK and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
         loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
     elif (
         name in TIME_TENSORS
@@ -157,7 +156,7 @@ def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite
     along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
     (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'.
     State-like tensors: see _localise_rows."""
-    if name not in TIME_TENSORS and name not in CHUNK_TENSORS:
+    if name not in PER_CHUNK:
         return _localise_rows(rec, limit, against)
     profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
     if not profile:
@@ -251,7 +250,7 @@ def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) ->
     """Where the candidate exceeds the bound: per chunk and head (per sequence and head for
     states), factor x the reference's error there + the dtype floor; a reference cell that
     is NaN/Inf bounds nothing."""
-    key = "heatmap" if name in TIME_TENSORS or name in CHUNK_TENSORS else "row_heatmap"
+    key = "heatmap" if name in PER_CHUNK else "row_heatmap"
     if not cand.get(key) or not ref.get(key):
         return {}
     floor = ref.get("floor_rel") or 0.0
@@ -435,7 +434,7 @@ def _tol_localisation(case, name: str, rec: dict, err2, ref2, nonfinite) -> dict
     """`localise` against the tolerance, the first bad token refined from the elements."""
     tolerance = rec["tol"]
     cells = None
-    if name in TIME_TENSORS or name in CHUNK_TENSORS:
+    if name in PER_CHUNK:
         cells = _chunk_sums(nonfinite, case.chunk_size if name in TIME_TENSORS else 1) > 0
     loc = localise(case, name, rec, tolerance, "tol", cells)
     if "first_chunk" in loc and name in TIME_TENSORS:

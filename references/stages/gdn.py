@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from cases.inputs import STORAGE_DTYPES as NP_DTYPES
-from cases.stages import RCP_LN2
+from cases.stages import RCP_LN2, STAGE_ORDER, stage_input_names
 from references.stages.common import (
     as_states,
     cast_stage_inputs,
@@ -50,19 +50,6 @@ from references.stages.common import (
 )
 
 __all__ = ["NP_DTYPES", "RCP_LN2", "chunks", "local_cumsum", "stage_inputs", "stage_oracle"]
-
-# stage -> its tensor inputs in FLA's order (initial_state, h0, dht only when the case has them)
-INPUTS = {
-    "local_cumsum": ("g",),
-    "fwd_intra": ("k", "v", "g", "beta"),
-    "fwd_h": ("k", "w", "u", "g", "initial_state"),
-    "fwd_o": ("q", "k", "v", "h", "g"),
-    "bwd_dv_local": ("q", "k", "do", "g"),
-    "bwd_dhu": ("q", "k", "w", "do", "dv", "g", "h0", "dht"),
-    "bwd_dqkwg": ("q", "k", "v", "do", "h", "dh", "w", "g", "dv"),
-    "bwd_wy": ("k", "v", "beta", "A", "dw", "du", "g"),
-}
-
 
 # ---------------------------------------------------------------- layout
 
@@ -265,14 +252,8 @@ def stage_oracle(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         got = bwd_wy(case, x["k"], x["v"], x["beta"], x["A"], x["dw"], x["du"], x["g"])
         out = dict(zip(("dk2", "dv", "db", "dg2"), got))
     else:
-        raise ValueError(f"gdn has no stage {st!r}: its stages are {list(INPUTS)}")
+        raise ValueError(f"gdn has no stage {st!r}: its stages are {list(STAGE_ORDER['gdn'])}")
     return {n: out[n] for n in case.output_names()}
-
-
-def input_names(case) -> list[str]:
-    """The stage's tensor inputs under FLA's names (as cases.stages.stage_input_names)."""
-    absent = {"initial_state": not case.h0, "h0": not case.h0, "dht": not case.ht}
-    return [n for n in INPUTS[case.stage] if not absent.get(n, False)]
 
 
 def intermediates(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -296,7 +277,7 @@ def intermediates(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def stage_inputs_f64(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The stage's inputs (input_names(case)) in float64, before their cast (see intermediates):
+    """The stage's inputs (stage_input_names(case)) in float64, before their cast (see intermediates):
     g is the raw g for local_cumsum, the log2 cumsum elsewhere; v is v_new for fwd_o and bwd_dqkwg;
     dv is bwd_dv_local's for bwd_dhu and dv2 for bwd_dqkwg; du is dv2; initial_state and h0 the
     op's initial state."""
@@ -306,11 +287,11 @@ def stage_inputs_f64(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.nda
     if st in ("fwd_o", "bwd_dqkwg"):
         alias["v"] = "v_new"
     alias["dv"] = "dv2" if st == "bwd_dqkwg" else "dv_local"
-    return {n: x[alias.get(n, n)] for n in input_names(case)}
+    return {n: x[alias.get(n, n)] for n in stage_input_names(case)}
 
 
 def stage_inputs(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The stage's inputs (input_names(case), plus cu_seqlens int64 [N + 1] for varlen), each in
+    """The stage's inputs (stage_input_names(case), plus cu_seqlens int64 [N + 1] for varlen), each in
     its stage dtype: the op's own inputs exactly (q, k, v, beta, do, the raw g, initial_state,
     dht); the rest computed in float64 (stage_inputs_f64) and rounded once."""
     own = {"q", "k", "beta", "do", "dht", "initial_state"}

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cases.stages import RCP_LN2
+from cases.stages import RCP_LN2, STAGE_ORDER, stage_input_names, stage_of
 from references.stages.common import (
     as_states,
     cast_stage_inputs,
@@ -52,20 +52,6 @@ from references.stages.common import (
 )
 
 __all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs", "stage_oracle"]
-
-# stage -> its tensor inputs in FLA's order (cases.stages.kda; initial_state, h0, dht only when
-# the case has them)
-INPUTS = {
-    "local_cumsum": ("g",),
-    "fwd_intra": ("q", "k", "v", "gk", "beta"),
-    "fwd_h": ("k", "w", "u", "gk", "initial_state"),
-    "fwd_o": ("q", "v", "g", "A", "h"),
-    "bwd_dAv": ("q", "k", "v", "do", "A"),
-    "bwd_dhu": ("q", "k", "w", "gk", "h0", "dht", "do", "dv"),
-    "bwd_wy": ("q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv"),
-    "bwd_intra": ("q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg"),
-}
-
 
 # ---------------------------------------------------------------- layout
 
@@ -305,18 +291,10 @@ def stage_oracle(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = ("q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv")
         out = bwd_wy(case, *(x[n] for n in names))
     elif st == "bwd_intra":
-        out = bwd_intra(case, *(x[n] for n in INPUTS["bwd_intra"]))
+        out = bwd_intra(case, *(x[n] for n in stage_of("kda", "bwd_intra").inputs))
     else:
-        raise ValueError(f"kda has no stage {case.stage!r}: its stages are {list(INPUTS)}")
+        raise ValueError(f"kda has no stage {case.stage!r}: its stages are {list(STAGE_ORDER['kda'])}")
     return {n: out[n] for n in case.output_names()}
-
-
-def input_names(case) -> list[str]:
-    """The stage's tensor inputs under FLA's names (as cases.stages.stage_input_names)."""
-    absent = {"initial_state", "h0"} if not case.h0 else set()
-    if not case.ht:
-        absent.add("dht")
-    return [n for n in INPUTS[case.stage] if n not in absent]
 
 
 def chain(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -356,16 +334,16 @@ _SOURCE = {
 
 
 def stage_inputs_f64(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The stage's inputs (input_names(case)) in float64, before their cast: the op's own for
+    """The stage's inputs (stage_input_names(case)) in float64, before their cast: the op's own for
     q, k, v, g (local_cumsum), beta, do, initial_state = h0, dht; the rest the stages' float64
     outputs chained from them (`chain`)."""
     f = chain(case, op_inputs)
     src = _SOURCE.get(case.stage, {})
-    return {n: f[src.get(n, n)] for n in input_names(case)}
+    return {n: f[src.get(n, n)] for n in stage_input_names(case)}
 
 
 def stage_inputs(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The stage's inputs (input_names(case), plus cu_seqlens int64 [N + 1] for varlen), each in
+    """The stage's inputs (stage_input_names(case), plus cu_seqlens int64 [N + 1] for varlen), each in
     its stage dtype: the op's own tensors exactly (q, k, v, do, g, beta, h0, dht: already in their
     dtypes); the rest computed in float64 (stage_inputs_f64) and rounded once."""
     own = {"q", "k", "v", "do", "beta", "g", "initial_state", "h0", "dht"}

@@ -33,7 +33,7 @@ import numpy as np
 from cases import Case, input_shapes, storage_dtype
 from cases.stages import STAGE_FUNCTIONS, stage_of
 from parity.execute import compile_log
-from parity.model.spec import Unsupported
+from parity.model.spec import KernelCall, Unsupported
 
 GRAD_NAMES = {
     "q": "dq",
@@ -188,6 +188,16 @@ def candidate_function(loaded, spec, case: Case) -> Callable:
     if function == want:
         return loaded
     raise Unsupported(f"{spec.name} is {module}:{function}, not {want}, the function of stage {case.kind}")
+
+
+def candidate_kernel_call(framework: str, spec, fn: Callable, case: Case) -> KernelCall:
+    """How a user's candidate (its function `fn` for `case`, candidate_function) is called: its
+    module, the function's name (a stage module's: the stage's FLA name), chunk_size passed when it
+    accepts one (static_kwargs)."""
+    module, function = spec.module_function()
+    if case.stage is not None:  # the stage's function of a stage module (MODULE:*) or the one given
+        function = stage_of(case.op, case.stage).function
+    return KernelCall(framework, module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
 
 
 def program_structs(case: Case, fn: Callable, sharding=None):

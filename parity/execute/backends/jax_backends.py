@@ -21,13 +21,13 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
-from cases.stages import stage_of
 from parity.execute import compile_log, interpret_callbacks, pallas_paths, tpu_identity
 from parity.execute.backends.base import CompileSubject, Execution
 from parity.execute.backends.calling import (
     accepts,
     candidate_declines,
     candidate_function,
+    candidate_kernel_call,
     check_candidate_supports,
     forward_case,
     forward_only,
@@ -233,11 +233,7 @@ class JaxCandidate:
 
     def kernel_call(self, case: Case) -> KernelCall:
         """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
-        fn = self.function(case)
-        module, function = parse_backend_spec(self.spec).module_function()
-        if case.stage is not None:  # the stage's function of a stage module (MODULE:*) or the one given
-            function = stage_of(case.op, case.stage).function
-        return KernelCall("jax", module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
+        return candidate_kernel_call("jax", parse_backend_spec(self.spec), self.function(case), case)
 
     def compile_subject(self, case: Case) -> CompileSubject:
         fn = self.function(case)

@@ -18,7 +18,15 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
-from cases.stages import defined_part, stage_dtype, stage_input_names, stage_kwargs, stage_of, stage_shapes
+from cases.stages import (
+    defined_part,
+    stage_arguments,
+    stage_dtype,
+    stage_input_names,
+    stage_kwargs,
+    stage_of,
+    stage_shapes,
+)
 from parity.execute.backends.calling import from_torch, program_structs, to_torch
 from parity.measure.tol import NP_DTYPES
 
@@ -27,8 +35,7 @@ def call_kwargs(case: Case, tensors: dict, cu_seqlens) -> dict:
     """The keyword arguments of the stage call: `tensors` (the stage inputs by name, already in
     the framework's arrays), None for an optional input the case has none of, and the case's
     other arguments (cases.stages.stage_kwargs)."""
-    stage = stage_of(case.op, case.stage)
-    kw = dict.fromkeys((n for n in stage.inputs if n != "gate"), None)
+    kw = dict.fromkeys(stage_arguments(case))
     kw.update({n: tensors[n] for n in stage_input_names(case)})
     return {**kw, "cu_seqlens": cu_seqlens, **stage_kwargs(case)}
 

@@ -7,12 +7,11 @@ from collections.abc import Callable
 import numpy as np
 
 from cases import Case
-from cases.stages import stage_of
 from parity.execute.backends.base import Execution
 from parity.execute.backends.calling import (
-    accepts,
     candidate_declines,
     candidate_function,
+    candidate_kernel_call,
     check_candidate_supports,
     forward_case,
     run_torch,
@@ -33,11 +32,7 @@ class TorchCandidate:
 
     def kernel_call(self, case: Case) -> KernelCall:
         """The candidate's function; chunk_size passed when it accepts one (calling.static_kwargs)."""
-        fn = self.function(case)
-        module, function = parse_backend_spec(self.spec).module_function()
-        if case.stage is not None:  # the stage's function of a stage module (MODULE:*) or the one given
-            function = stage_of(case.op, case.stage).function
-        return KernelCall("torch", module, function, case.chunk_size if accepts(fn, "chunk_size") else None)
+        return candidate_kernel_call("torch", parse_backend_spec(self.spec), self.function(case), case)
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         import torch
