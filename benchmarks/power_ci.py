@@ -22,20 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from cases import Case, get_suite, input_shapes
-from parity.measure.compare import TIME_TENSORS
+from cases import Case, get_suite, output_tensors
 from parity.measure.compute_error import BLOCKS_ENOUGH, SEEDS_BASE, SEEDS_MAX, block_sums
 
 
 def blocks_per_seed(case: Case) -> int:
     """The fewest blocks per seed among the case's tensors (compute_error.block_sums)."""
-    shapes = input_shapes(case)
-    state = (case.N, case.value_heads, case.K, case.V)
-    counts = []
-    for name in case.output_names():
-        shape = {"o": shapes["v"], "ht": state, "dh0": state}.get(name) or shapes[name[1:]]
-        counts.append(len(block_sums(np.zeros(shape), name in TIME_TENSORS)))
-    return min(counts)
+    tensors = output_tensors(case)
+    return min(len(block_sums(np.zeros(tensors[n].shape), tensors[n].layout)) for n in case.output_names())
 
 
 def seeds_needed(case: Case) -> int:

@@ -6,15 +6,21 @@ from cases.inputs import (
     input_hash,
     input_shapes,
     input_size,
+    input_tensors,
+    layout_of,
     make_inputs,
     make_inputs_f64,
+    output_tensors,
     seed_at,
     storage_dtype,
 )
+from cases.layouts import Layout, Tensor
 
 __all__ = [
     "Case",
     "CaseError",
+    "Layout",
+    "Tensor",
     "DTYPES",
     "GATES",
     "OPS",
@@ -22,8 +28,11 @@ __all__ = [
     "input_hash",
     "input_shapes",
     "input_size",
+    "input_tensors",
+    "layout_of",
     "make_inputs",
     "make_inputs_f64",
+    "output_tensors",
     "seed_at",
     "storage_dtype",
 ]

@@ -32,6 +32,8 @@ import ml_dtypes
 import numpy as np
 
 from cases.case import Case, CaseError
+from cases.layouts import PER_HEAD, STATE, TIME, Layout, Tensor, declare
+from cases.stages import stage_tensors
 
 STORAGE_DTYPES = {
     "float32": np.dtype(np.float32),
@@ -80,24 +82,49 @@ def logsigmoid(x: np.ndarray) -> np.ndarray:
     return -np.logaddexp(0.0, -x)
 
 
-def input_shapes(case: Case) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor input make_inputs returns (cu_seqlens aside), without drawing it;
-    for a stage case, those of the op case its inputs are drawn from."""
+def input_tensors(case: Case) -> dict[str, Tensor]:
+    """Shape and layout of every tensor input make_inputs returns (cu_seqlens aside), without
+    drawing it; for a stage case, those of the op case its inputs are drawn from."""
     case = case.op_case
     B, T, H, K, V, N, HV = case.B, case.T, case.H, case.K, case.V, case.N, case.value_heads
     per_head = case.op in ("simple_gla", "gdn")
-    gate = (H,) if case.uses_g_gamma else (B, T, HV) if per_head else (B, T, HV, K)
-    shapes = {"q": (B, T, H, K), "k": (B, T, H, K), "v": (B, T, HV, V), case.gate_name: gate}
-    delta_gate_shapes = {"beta": (B, T, HV), "b": (B, T, HV, K), "w": (B, T, HV, V)}
+    gate = ((H,), PER_HEAD) if case.uses_g_gamma else ((B, T, HV) if per_head else (B, T, HV, K), TIME)
+    tensors = {**declare(("q", "k"), (B, T, H, K), TIME), **declare(("v",), (B, T, HV, V), TIME)}
+    tensors.update(declare((case.gate_name,), *gate))
+    delta_gates = {"beta": (B, T, HV), "b": (B, T, HV, K), "w": (B, T, HV, V)}
     for name in case.delta_gates:
-        shapes[name] = delta_gate_shapes[name]
+        tensors.update(declare((name,), delta_gates[name], TIME))
     if case.h0:
-        shapes["initial_state"] = (N, HV, K, V)
+        tensors.update(declare(("initial_state",), (N, HV, K, V), STATE))
     if case.backward:
-        shapes["do"] = (B, T, HV, V)
+        tensors.update(declare(("do",), (B, T, HV, V), TIME))
         if case.ht:
-            shapes["dht"] = (N, HV, K, V)
-    return shapes
+            tensors.update(declare(("dht",), (N, HV, K, V), STATE))
+    return tensors
+
+
+def input_shapes(case: Case) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor input (input_tensors)."""
+    return {name: t.shape for name, t in input_tensors(case).items()}
+
+
+def output_tensors(case: Case) -> dict[str, Tensor]:
+    """Shape and layout of every tensor the case's outputs (Case.output_names) can name: an op's o,
+    ht and gradients (each gradient as its input), or a stage's (cases.stages)."""
+    if case.stage is not None:
+        return stage_tensors(case)
+    B, T, K, V, N, HV = case.B, case.T, case.K, case.V, case.N, case.value_heads
+    grads = {"d" + name: t for name, t in input_tensors(case).items() if name not in ("do", "dht")}
+    grads["dh0"] = grads.pop("dinitial_state", Tensor((N, HV, K, V), STATE))
+    return {**declare(("o",), (B, T, HV, V), TIME), **declare(("ht",), (N, HV, K, V), STATE), **grads}
+
+
+def layout_of(case: Case, name: str) -> Layout:
+    """The declared layout of output `name` of `case`; KeyError naming the declared ones otherwise."""
+    tensors = output_tensors(case)
+    if name not in tensors:
+        raise KeyError(f"{case.kind} declares no layout for {name!r}: it declares {sorted(tensors)}")
+    return tensors[name].layout
 
 
 def storage_dtype(case: Case, name: str) -> np.dtype:

@@ -347,3 +347,37 @@ def test_boundary_strategy_draws_only_where_applies_says():
 
     draw()
     assert seen and all(c.K == c.V and c.h0 for c in seen)
+
+
+def _layout_fits(case, name, tensor) -> bool:
+    """The declared shape has the axes its layout names: B, T or NT, heads; N sequences; H."""
+    from cases.layouts import Layout
+    from cases.stages import num_chunks
+
+    shape, heads = tensor.shape, (case.H, case.value_heads)
+    return {
+        Layout.TIME: shape[:2] == (case.B, case.T) and len(shape) >= 3 and shape[2] in heads,
+        Layout.PER_CHUNK: shape[:2] == (case.B, num_chunks(case)) and len(shape) == 5 and shape[2] in heads,
+        Layout.STATE: len(shape) == 4 and shape[0] == case.N and shape[1] in heads,
+        Layout.PER_HEAD: shape == (case.H,),
+    }[tensor.layout]
+
+
+def test_every_output_of_every_op_and_stage_declares_its_layout():
+    """cases.layouts: the comparator, the bound's blocks and localisation read each output's
+    declared layout; an output without one (or one that does not fit its shape) fails here."""
+    from cases import SUITES, layout_of, output_tensors
+
+    seen = collections.Counter()
+    for suite in SUITES:
+        for case in get_suite(suite):
+            tensors = output_tensors(case)
+            for name in case.output_names():
+                layout = layout_of(case, name)
+                assert _layout_fits(case, name, tensors[name]), (case.id, name, tensors[name])
+                seen[(case.kind, name, layout.value)] += 1
+    kinds = {kind for kind, _, _ in seen}
+    assert set(OPS) <= kinds and len(kinds) > 31, sorted(kinds)  # every op, every stage
+    assert seen.keys() >= {("kda:bwd_dAv", "dAqk", "time"), ("gla:fwd_h", "h", "per-chunk"), ("gdn", "dh0", "state")}
+    with pytest.raises(KeyError, match="kda declares no layout for 'dAqk'"):
+        layout_of(Case.from_id("kda-fwdbwd-B2-T128-H2-K64-V64-bf16-C64-g_logsig-h0-ht"), "dAqk")

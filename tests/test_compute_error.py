@@ -301,5 +301,7 @@ def test_power_benchmark_counts_the_blocks_the_records_hold(case_id, blocks):
     case = Case.from_id(case_id)
     full = cached_oracle(case, make_inputs(case))[0]
     scales = error_scales(full)
-    held = min(len(error_blocks(n, full[n], full[n], full[n], scales.get(n))["err2"]) for n in case.output_names())
+    held = min(
+        len(error_blocks(case, n, full[n], full[n], full[n], scales.get(n))["err2"]) for n in case.output_names()
+    )
     assert blocks_per_seed(case) == held == blocks

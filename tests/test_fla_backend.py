@@ -9,6 +9,8 @@ gradient, in float32 and bfloat16.
 from __future__ import annotations
 
 import collections
+import json
+import os
 import subprocess
 import sys
 
@@ -220,6 +222,63 @@ def test_neutral_parameters_change_no_bit_of_fla(monkeypatch, case, kernel, axis
     assert (counts[0], counts[-1]) == instances, grids
 
 
+def test_fixed_order_dot_accumulates_by_fused_multiply_adds_in_k_order():
+    """The interpreter's tl.dot against an independent formulation (a Python loop over k of one
+    fused multiply-add each, the exact product and the accumulator rounded once to float32, d added
+    last), bit for bit; and a block of rows or columns of a dot equals that block of the whole dot
+    (no dependence on the block shape, which np.matmul's BLAS has)."""
+    rng = np.random.default_rng(5)
+    M, K, N = 48, 64, 40
+    a = (rng.standard_normal((M, K)) * np.exp2(rng.integers(-12, 12, (M, K)))).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    d = rng.standard_normal((M, N)).astype(np.float32)
+    acc = np.zeros((M, N), np.float32)
+    for k in range(K):
+        acc = (acc.astype(np.float64) + np.multiply.outer(a[:, k].astype(np.float64), b[k])).astype(np.float32)
+    whole = triton_interpreter.fixed_order_dot(a, b, d)
+    assert whole.dtype == np.float32 and np.array_equal(whole, acc + d)
+    assert np.array_equal(triton_interpreter.fixed_order_dot(a[:16], b[:, 8:], d[:16, 8:]), whole[:16, 8:])
+
+
+# FLA's outputs under either BLAS kernel: a case whose state kernel's blocks differ by config
+# (test_neutral_parameters_change_no_bit_of_fla) and a stage case along time with a bf16 dot
+_BLAS_CASES = (
+    "gla-fwdbwd-B1-T80-H2-K64-V128-bf16-C64-g_logsig-h0-ht",
+    "kda:bwd_dAv-fwd-B2-T128-H2-K64-V64-bf16-C64-g_logsig-h0-ht",
+)
+_FLA_BITS = """
+import hashlib, json, sys
+from cases import Case
+from parity.execute.backends import triton_interpreter
+from parity.execute.backends.fla import FlaBackend
+from parity.model.inputs import case_inputs
+triton_interpreter.enable()
+out = {}
+for cid in sys.argv[1:]:
+    case = Case.from_id(cid)
+    tensors = FlaBackend().run(case, case_inputs(case)).tensors
+    out[cid] = {n: hashlib.sha256(t.tobytes()).hexdigest() for n, t in sorted(tensors.items())}
+print(json.dumps(out))
+"""
+
+
+def test_fla_bits_do_not_depend_on_the_blas_kernel():
+    """The same FLA bits with OpenBLAS's Haswell kernel (OPENBLAS_CORETYPE=Haswell, as some hosts
+    set it) and with the kernel OpenBLAS picks for this processor: the interpreter's dots do not go
+    through BLAS (fixed_order_dot). With np.matmul, the Haswell kernel changed FLA's ht and dh0 bits."""
+    runs = []
+    for coretype in ("Haswell", None):
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+        if coretype:
+            env.update(OPENBLAS_CORETYPE=coretype, OPENBLAS_L2_SIZE="512")
+        done = subprocess.run([sys.executable, "-c", _FLA_BITS, *_BLAS_CASES], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    haswell, native = runs
+    assert set(haswell) == set(_BLAS_CASES) and all(haswell[c] for c in _BLAS_CASES)
+    assert haswell == native
+
+
 KDA_BF16 = Case("kda", 1, 40, 2, 32, 32, dtype="bfloat16", chunk_size=64, gate="g_logsig", h0=True, ht=True)
 
 
@@ -357,6 +416,8 @@ def test_fla_takes_an_h100s_tiles_in_the_interpreter():
     case = FLA_CASES[0]
     ex = FlaBackend().run(case, make_inputs(case))
     assert "H100 tiles" in ex.numerics and "H100" in ex.notes["emulation"]
+    # what the CPU reference's bits depend on: numpy's SIMD code, not the BLAS kernel
+    assert "any BLAS kernel" in ex.notes["cpu_bits"] and "numpy" in ex.versions and "fixed-order" in ex.numerics
     assert check_shared_mem("hopper") and check_shared_mem("ampere")
     assert chunk_h.BKV_LIST == [32, 64] and chunk_o.BKV_LIST == [64, 128]
     assert gla_chunk.BK_LIST == [32, 64] and gla_chunk.BV_LIST == [64, 128]

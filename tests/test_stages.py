@@ -76,9 +76,9 @@ def test_a_stage_output_is_held_to_the_dtype_flas_stage_returns_it_in():
     ht = np.zeros(shapes["ht"], np.float32)
     assert stage_dtype(FWD_H, "h") == "bfloat16"  # FLA's forward keeps the states in k's dtype
     with pytest.raises(ValueError, match="'h' has dtype float32, expected bfloat16"):
-        check_tensors(FWD_H, {}, {"h": np.zeros(shapes["h"], np.float32), "ht": ht})
+        check_tensors(FWD_H, {"h": np.zeros(shapes["h"], np.float32), "ht": ht})
     with pytest.raises(ValueError, match="'ht' has shape"):
-        check_tensors(FWD_H, {}, {"h": np.zeros(shapes["h"], np.float32), "ht": ht[:, :1]}, {}, False)
+        check_tensors(FWD_H, {"h": np.zeros(shapes["h"], np.float32), "ht": ht[:, :1]}, {}, False)
 
 
 def _module(**functions):

@@ -10,7 +10,8 @@ the same bytes for every backend). Its outputs are the function's, under FLA's n
 One module per op with stages (cases/stages/<op>.py) declares them in FLA 0.6.0's calling
 convention, which a stage candidate follows:
     STAGES                  its Stage declarations, in the order the op runs them
-    shapes(case)            name -> shape of every stage input and output (FLA's layout)
+    tensors(case)           name -> Tensor(shape, layout) of every stage input and output (FLA's
+                            layout; cases.layouts)
     dtype(case, name)       the dtype each is passed or returned in
     present(case, name)     whether an optional input or output is there for the case
     check(case)             raises ValueError naming what the op's stages do not take (optional)
@@ -27,6 +28,8 @@ import dataclasses
 import importlib
 from pathlib import Path
 from types import ModuleType
+
+from cases.layouts import Tensor
 
 RCP_LN2 = 1.4426950408889634  # 1 / ln 2: FLA's gates reach its kernels in log2 units
 # ops with stage cases, in cases.case.OPS order: those with a module here, cases/stages/<op>.py
@@ -139,9 +142,14 @@ def defined_part(case, outputs: dict) -> dict:
     return outputs if mask is None else {n: mask(case, n, a) for n, a in outputs.items()}
 
 
+def stage_tensors(case) -> dict[str, Tensor]:
+    """Shape and layout of every stage input and output of `case` (FLA's layout)."""
+    return op_module(case.op).tensors(case)
+
+
 def stage_shapes(case) -> dict[str, tuple[int, ...]]:
     """Shape of every stage input and output of `case` (FLA's layout)."""
-    return op_module(case.op).shapes(case)
+    return {name: t.shape for name, t in stage_tensors(case).items()}
 
 
 def stage_dtype(case, name: str) -> str:

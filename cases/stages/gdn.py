@@ -50,6 +50,7 @@ takes no chunk_size (FLA reads it from A's last axis): the harness must not pass
 
 from __future__ import annotations
 
+from cases.layouts import PER_CHUNK, STATE, TIME, Tensor, declare
 from cases.stages import Stage, num_chunks
 from cases.stages.simple_gla import local_cumsum_stage
 
@@ -142,18 +143,18 @@ def present(case, name: str) -> bool:
     return rules.get(name, True)
 
 
-def shapes(case) -> dict[str, tuple[int, ...]]:
-    """Shape of every stage input and output of `case` (FLA's layout)."""
+def tensors(case) -> dict[str, Tensor]:
+    """Shape and layout of every stage input and output of `case` (FLA's layout)."""
     B, T, H, K, V, N, HV = case.B, case.T, case.H, case.K, case.V, case.N, case.value_heads
     NT = num_chunks(case)
     return {
-        **dict.fromkeys(("q", "k", "dq", "dk", "dk2"), (B, T, H, K)),
-        **dict.fromkeys(("w", "dw"), (B, T, HV, K)),
-        **dict.fromkeys(("v", "u", "v_new", "o", "do", "dv", "dv2", "du"), (B, T, HV, V)),
-        **dict.fromkeys(("g", "g_cumsum", "beta", "dg", "dg2", "db"), (B, T, HV)),
-        "A": (B, T, HV, case.chunk_size),
-        **dict.fromkeys(("initial_state", "h0", "dht", "ht", "dh0"), (N, HV, K, V)),
-        **dict.fromkeys(("h", "dh"), (B, NT, HV, K, V)),
+        **declare(("q", "k", "dq", "dk", "dk2"), (B, T, H, K), TIME),
+        **declare(("w", "dw"), (B, T, HV, K), TIME),
+        **declare(("v", "u", "v_new", "o", "do", "dv", "dv2", "du"), (B, T, HV, V), TIME),
+        **declare(("g", "g_cumsum", "beta", "dg", "dg2", "db"), (B, T, HV), TIME),
+        **declare(("A",), (B, T, HV, case.chunk_size), TIME),
+        **declare(("initial_state", "h0", "dht", "ht", "dh0"), (N, HV, K, V), STATE),
+        **declare(("h", "dh"), (B, NT, HV, K, V), PER_CHUNK),
     }
 
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cases.layouts import PER_CHUNK, STATE, TIME, Tensor, declare
 from cases.stages import Stage, num_chunks
 from cases.stages.simple_gla import local_cumsum_stage
 
@@ -106,16 +107,16 @@ def present(case, name: str) -> bool:
     return rules.get(name, True)
 
 
-def shapes(case) -> dict[str, tuple[int, ...]]:
-    """Shape of every stage input and output of `case` (FLA's layout)."""
+def tensors(case) -> dict[str, Tensor]:
+    """Shape and layout of every stage input and output of `case` (FLA's layout)."""
     B, T, H, K, V, N, C = case.B, case.T, case.H, case.K, case.V, case.N, case.chunk_size
     NT = num_chunks(case)
     return {
-        **dict.fromkeys(("q", "k", "g", "gk", "g_cumsum", "dq", "dk", "dg"), (B, T, H, K)),
-        **dict.fromkeys(("v", "do", "o", "dv"), (B, T, H, V)),
-        **dict.fromkeys(("A", "dA"), (B, T, H, C)),
-        **dict.fromkeys(("h0", "dht", "ht", "dh0"), (N, H, K, V)),
-        **dict.fromkeys(("h", "dh"), (B, NT, H, K, V)),
+        **declare(("q", "k", "g", "gk", "g_cumsum", "dq", "dk", "dg"), (B, T, H, K), TIME),
+        **declare(("v", "do", "o", "dv"), (B, T, H, V), TIME),
+        **declare(("A", "dA"), (B, T, H, C), TIME),
+        **declare(("h0", "dht", "ht", "dh0"), (N, H, K, V), STATE),
+        **declare(("h", "dh"), (B, NT, H, K, V), PER_CHUNK),
     }
 
 

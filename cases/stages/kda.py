@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cases.layouts import PER_CHUNK, STATE, TIME, Tensor, declare
 from cases.stages import Stage, num_chunks
 from cases.stages.simple_gla import local_cumsum_stage
 
@@ -153,20 +154,20 @@ def present(case, name: str) -> bool:
     return rules.get(name, True)
 
 
-def shapes(case) -> dict[str, tuple[int, ...]]:
-    """Shape of every stage input and output of `case` (FLA's layout). q and k are the op's
+def tensors(case) -> dict[str, Tensor]:
+    """Shape and layout of every stage input and output of `case` (FLA's layout). q and k are the op's
     [B, T, H, K] except in fwd_h and bwd_dhu, where FLA passes kg and qg [B, T, HV, K] as them."""
     B, T, H, K, V, N, C = case.B, case.T, case.H, case.K, case.V, case.N, case.chunk_size
     HV, NT = case.value_heads, num_chunks(case)
     qk = (B, T, HV, K) if case.stage in ("fwd_h", "bwd_dhu") else (B, T, H, K)
     return {
-        **dict.fromkeys(("q", "k"), qk),
-        **dict.fromkeys(("g", "g_cumsum", "gk", "w", "qg", "kg", "dq", "dk", "dg"), (B, T, HV, K)),
-        **dict.fromkeys(("v", "u", "v_new", "do", "o", "dv"), (B, T, HV, V)),
-        **dict.fromkeys(("beta", "db"), (B, T, HV)),
-        **dict.fromkeys(("A", "Aqk", "Akk", "dAqk", "dAkk"), (B, T, HV, C)),
-        **dict.fromkeys(("initial_state", "h0", "dht", "ht", "dh0"), (N, HV, K, V)),
-        **dict.fromkeys(("h", "dh"), (B, NT, HV, K, V)),
+        **declare(("q", "k"), qk, TIME),
+        **declare(("g", "g_cumsum", "gk", "w", "qg", "kg", "dq", "dk", "dg"), (B, T, HV, K), TIME),
+        **declare(("v", "u", "v_new", "do", "o", "dv"), (B, T, HV, V), TIME),
+        **declare(("beta", "db"), (B, T, HV), TIME),
+        **declare(("A", "Aqk", "Akk", "dAqk", "dAkk"), (B, T, HV, C), TIME),
+        **declare(("initial_state", "h0", "dht", "ht", "dh0"), (N, HV, K, V), STATE),
+        **declare(("h", "dh"), (B, NT, HV, K, V), PER_CHUNK),
     }
 
 
@@ -196,7 +197,7 @@ def output_mask(case, name: str):
         pos = np.broadcast_to(np.arange(case.T), (case.B, case.T))
     within = pos % case.chunk_size
     mask = np.arange(case.chunk_size)[None, None, :] <= within[..., None]
-    return np.broadcast_to(mask[:, :, None, :], shapes(case)["Aqk"]).copy()
+    return np.broadcast_to(mask[:, :, None, :], tensors(case)["Aqk"].shape).copy()
 
 
 def mask_undefined(case, name: str, value):

@@ -31,6 +31,7 @@ returns one (FLA's autograd passes None otherwise); h0 the op's initial state wh
 
 from __future__ import annotations
 
+from cases.layouts import PER_CHUNK, PER_HEAD, STATE, TIME, Tensor, declare
 from cases.stages import RCP_LN2, Stage, num_chunks
 
 _H = "fla.ops.common.chunk_h"
@@ -103,17 +104,17 @@ def present(case, name: str) -> bool:
     return rules.get(name, True)
 
 
-def shapes(case) -> dict[str, tuple[int, ...]]:
-    """Shape of every stage input and output of `case` (FLA's layout)."""
+def tensors(case) -> dict[str, Tensor]:
+    """Shape and layout of every stage input and output of `case` (FLA's layout)."""
     B, T, H, K, V, N = case.B, case.T, case.H, case.K, case.V, case.N
     NT = num_chunks(case)
-    gate = (H,) if case.uses_g_gamma else (B, T, H)
+    gate = ((H,), PER_HEAD) if case.uses_g_gamma else ((B, T, H), TIME)
     return {
-        **dict.fromkeys(("q", "k", "dq", "dk"), (B, T, H, K)),
-        **dict.fromkeys(("v", "do", "o", "dv"), (B, T, H, V)),
-        **dict.fromkeys(("g", "g_gamma", "g_cumsum", "dg"), gate),
-        **dict.fromkeys(("h0", "dht", "ht", "dh0"), (N, H, K, V)),
-        **dict.fromkeys(("h", "dh"), (B, NT, H, K, V)),
+        **declare(("q", "k", "dq", "dk"), (B, T, H, K), TIME),
+        **declare(("v", "do", "o", "dv"), (B, T, H, V), TIME),
+        **declare(("g", "g_gamma", "g_cumsum", "dg"), *gate),
+        **declare(("h0", "dht", "ht", "dh0"), (N, H, K, V), STATE),
+        **declare(("h", "dh"), (B, NT, H, K, V), PER_CHUNK),
     }
 
 

@@ -20,8 +20,6 @@ from parity.measure.compute_error import MARGIN
 from parity.model.spec import REFERENCE
 from parity.records import VERDICT_ORDER
 
-TENSOR_ORDER = ("o", "ht", "dq", "dk", "dv", "dg", "dg_gamma", "dbeta", "db", "dw", "dh0")
-
 
 def _ordered_counts(counter: Counter) -> dict:
     known = [v for v in VERDICT_ORDER if v in counter]
@@ -187,6 +185,15 @@ def _decided(entry: dict | None) -> dict:
         return {}
     t = entry["tensors"][name]
     return {"d": f"{name}: {t.get('rule')}", "w": t.get("why")}
+
+
+def _output_order(case: dict) -> list[str]:
+    """The case's outputs in the registry's report order (Case.output_names); [] for a record whose
+    case does not parse (its tensors are then listed by name)."""
+    try:
+        return Case.from_dict(case).output_names()
+    except (CaseError, KeyError, TypeError, ValueError):
+        return []
 
 
 def _case_dict(recs: dict, compile_recs: dict | None) -> dict:
@@ -393,7 +400,8 @@ def case_detail(
             }
         )
     names = {n for r in recs.values() for n in r.get("tensors", {})}
-    order = [n for n in TENSOR_ORDER if n in names] + sorted(names - set(TENSOR_ORDER))
+    declared = _output_order(_case_dict(recs, compile_recs))
+    order = [n for n in declared if n in names] + sorted(names - set(declared))
     compiled = [compile_detail(r, list(compile_targets)) for _, r in sorted((compile_recs or {}).items())]
     return {
         "n": row["n"],

@@ -84,7 +84,7 @@ def _candidate(case: Case, ref: dict, oracles: list, level: float, rep: int, see
                     cand["verdict"] = "fail-accuracy"
             else:
                 rounded = np.asarray(r, np.float64).astype(dt).astype(np.float64)
-                entry.update(error_blocks(n, x, r, rounded, scales.get(n)))
+                entry.update(error_blocks(case, n, x, r, rounded, scales.get(n)))
                 cand["tensors"][n]["seeds"].append(entry)
         cand["seeds"] = ref["seeds"][: k + 1]
     return cand

@@ -36,13 +36,11 @@ import math
 import ml_dtypes
 import numpy as np
 
+from cases import Layout, layout_of
 from parity.measure.compute_error import MAX_ABS_MARGIN, SEEDS_MAX, SEEDS_MIN, block_sums, judge, verdict_after
 from parity.measure.compute_error import describe as describe_compute
 from parity.measure.tol import NP_DTYPES, output_dtype, tol
 
-TIME_TENSORS = ("o", "dq", "dk", "dv", "dg", "dbeta", "db", "dw", "g_cumsum")  # [B, T, H, ...]
-CHUNK_TENSORS = ("h", "dh")  # a stage's states per chunk, [B, NT, H, K, V]: profiled per chunk like time
-PER_CHUNK = TIME_TENSORS + CHUNK_TENSORS  # tensors with a per-chunk profile and (chunk, head) heatmap
 N_WORST = 5
 
 
@@ -127,12 +125,13 @@ HAZARDS = {
 
 def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None, seq_limit=None) -> dict:
     """`_localise`, plus the grid hazard a time tensor's pattern points to (HAZARDS), if any."""
-    loc = _localise(case, name, rec, limit, against, nonfinite_cells, seq_limit)
+    layout = layout_of(case, name)
+    loc = _localise(case, layout, rec, limit, against, nonfinite_cells, seq_limit)
     pattern = loc.get("pattern")
-    if name in PER_CHUNK and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
+    if layout.along_chunks and (pattern in HAZARDS or (pattern == "one-sequence" and loc.get("sequence", 0) > 0)):
         loc["hazard"] = HAZARDS.get(pattern, HAZARDS["some-sequences"])
     elif (
-        name in TIME_TENSORS
+        layout is Layout.TIME
         and rec.get("nan", 0) + rec.get("inf", 0) >= case.chunk_size * min(case.K, case.V)
         and loc.get("first_chunk", 0) > 0
         and pattern in ("local", "uniform")
@@ -144,19 +143,20 @@ def localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_
     return loc
 
 
-def _localise(case, name: str, rec: dict, limit, against: str = "tol", nonfinite_cells=None, seq_limit=None) -> dict:
+def _localise(case, layout: Layout, rec: dict, limit, against="tol", nonfinite_cells=None, seq_limit=None) -> dict:
     """Where the error of one tensor first exceeds `limit`, and the shape of the error.
 
     rec: a compare_tensor record (profile, heatmap or row_heatmap, sequences).
     limit: a scalar (the tolerance) or an array of the heatmap's shape (the bound, per
     chunk and head); seq_limit the same per packed sequence (default: limit).
     nonfinite_cells: bool [n_chunks][H], cells holding NaN/Inf.
-    Time tensors [B, T, H, ...] give first_chunk, first_t (the chunk's start; the comparator
-    refines it to the first bad token), head and a pattern: 'first-chunk', 'drift' (grows
-    along T), 'local' (a few chunks), 'after-first-chunk', 'one-sequence' or 'some-sequences'
-    (of a varlen batch, with their indices), 'single-chunk', 'uniform' or 'non-finite'.
+    Tensors along chunks (time [B, T, H, ...], per chunk [B, NT, H, ...]) give first_chunk,
+    first_t (the chunk's start; the comparator refines it to the first bad token), head and a
+    pattern: 'first-chunk', 'drift' (grows along T), 'local' (a few chunks), 'after-first-chunk',
+    'one-sequence' or 'some-sequences' (of a varlen batch, with their indices), 'single-chunk',
+    'uniform' or 'non-finite'.
     State-like tensors: see _localise_rows."""
-    if name not in PER_CHUNK:
+    if not layout.along_chunks:
         return _localise_rows(rec, limit, against)
     profile, heatmap = rec.get("profile") or [], rec.get("heatmap") or []
     if not profile:
@@ -250,7 +250,7 @@ def bound_localisation(case, name: str, cand: dict, ref: dict, factor: float) ->
     """Where the candidate exceeds the bound: per chunk and head (per sequence and head for
     states), factor x the reference's error there + the dtype floor; a reference cell that
     is NaN/Inf bounds nothing."""
-    key = "heatmap" if name in PER_CHUNK else "row_heatmap"
+    key = "heatmap" if layout_of(case, name).along_chunks else "row_heatmap"
     if not cand.get(key) or not ref.get(key):
         return {}
     floor = ref.get("floor_rel") or 0.0
@@ -354,9 +354,9 @@ def describe_localisation(loc: dict | None) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
+def error_blocks(case, name: str, x, ref, rounded, scale=None) -> dict:
     """{"err2", "floor2"}: w * (x - ref)^2 and w * (rounded - ref)^2 summed per independent block
-    (parity.measure.compute_error.block_sums), w the per-element weight of rel_rms (so that err2
+    of its layout (parity.measure.compute_error.block_sums), w the per-element weight of rel_rms (so that err2
     sums to rel_rms^2); rounded: ref rounded to the output dtype. Non-finite elements count 0."""
     x = np.asarray(x).astype(np.float64)
     r = np.asarray(ref, np.float64)
@@ -369,10 +369,10 @@ def error_blocks(name: str, x, ref, rounded, scale=None) -> dict:
     else:
         w = 1.0 / max(1, r.size) if den2 == 0 else 1.0 / den2
     diff = np.where(ok & np.isfinite(x), x - r0, 0.0)
-    time_tensor = name in TIME_TENSORS
+    layout = layout_of(case, name)
     return {
-        "err2": block_sums(w * diff**2, time_tensor),
-        "floor2": block_sums(w * (np.asarray(rounded, np.float64) - r0) ** 2, time_tensor),
+        "err2": block_sums(w * diff**2, layout),
+        "floor2": block_sums(w * (np.asarray(rounded, np.float64) - r0) ** 2, layout),
     }
 
 
@@ -403,23 +403,25 @@ def _worst(x: np.ndarray, r: np.ndarray, absd: np.ndarray, both: np.ndarray, ref
     ]
 
 
-def _error_shape(case, name: str, err2: np.ndarray, ref2: np.ndarray, nonfinite: np.ndarray) -> dict:
-    """Where the error sits: time tensors {"profile", "heatmap", "sequences"} (per chunk, per chunk and
-    head, per packed sequence); state-like [N, H, K, V] or [H] tensors {"profile"} per leading row, and
-    {"row_heatmap"} per (row, head). NaN/Inf elements count as infinite error in sequences and
-    row_heatmap."""
-    if name in TIME_TENSORS:
+def _error_shape(case, layout: Layout, err2: np.ndarray, ref2: np.ndarray, nonfinite: np.ndarray) -> dict:
+    """Where the error sits, by the tensor's layout: time tensors {"profile", "heatmap", "sequences"}
+    (per chunk, per chunk and head, per packed sequence); per-chunk tensors the same with one entry
+    per chunk; states [N, H, K, V] and [H] tensors {"profile"} per leading row, and {"row_heatmap"}
+    per (row, head). NaN/Inf elements count as infinite error in sequences and row_heatmap."""
+    if layout is Layout.TIME:
         profile, heatmap = _chunk_errors(err2, ref2, case.chunk_size)
         sequences = _sequence_errors(np.where(nonfinite, np.inf, err2), ref2, case)  # None: NaN/Inf
         return {"profile": profile, "heatmap": heatmap, "sequences": sequences}
-    if name in CHUNK_TENSORS:  # one state per chunk: profiled as a time tensor of chunk size 1
+    if layout is Layout.PER_CHUNK:  # one state per chunk: profiled as a time tensor of chunk size 1
         profile, heatmap = _chunk_errors(err2, ref2, 1)
         return {"profile": profile, "heatmap": heatmap, "sequences": None}
     rows = err2.reshape(err2.shape[0], -1).sum(1), ref2.reshape(ref2.shape[0], -1).sum(1)
     out: dict = {"profile": [float(math.sqrt(e / d)) if d > 0 else None for e, d in zip(*rows)]}
-    if err2.ndim in (1, 4):  # [N, H, K, V] states, or [H] (dg_gamma): one row of heads
-        e = np.where(nonfinite, np.inf, err2)
-        out["row_heatmap"] = _row_head_errors(e, ref2) if err2.ndim == 4 else _row_head_errors(e[None], ref2[None])
+    e = np.where(nonfinite, np.inf, err2)
+    if layout is Layout.STATE:
+        out["row_heatmap"] = _row_head_errors(e, ref2)
+    else:  # [H]: one row of heads
+        out["row_heatmap"] = _row_head_errors(e[None], ref2[None])
     return out
 
 
@@ -433,11 +435,12 @@ def _verdict(nan: int, inf: int, eps: float, tolerance: float) -> str:
 def _tol_localisation(case, name: str, rec: dict, err2, ref2, nonfinite) -> dict:
     """`localise` against the tolerance, the first bad token refined from the elements."""
     tolerance = rec["tol"]
+    layout = layout_of(case, name)
     cells = None
-    if name in PER_CHUNK:
-        cells = _chunk_sums(nonfinite, case.chunk_size if name in TIME_TENSORS else 1) > 0
+    if layout.along_chunks:
+        cells = _chunk_sums(nonfinite, case.chunk_size if layout is Layout.TIME else 1) > 0
     loc = localise(case, name, rec, tolerance, "tol", cells)
-    if "first_chunk" in loc and name in TIME_TENSORS:
+    if "first_chunk" in loc and layout is Layout.TIME:
         loc["first_t"] = _first_bad_token(case, err2, ref2, nonfinite, loc, tolerance)
     return loc
 
@@ -484,12 +487,12 @@ def compare_tensor(case, name: str, x, ref, scale=None) -> dict:
         "floor_rel": rel_rms(rounded, r0),
         "floor_abs": float(np.abs(rounded - r0).max(initial=0.0)),
         "tol": tolerance,
-        "blocks": error_blocks(name, x, r, rounded, scale),
+        "blocks": error_blocks(case, name, x, r, rounded, scale),
     }
     if scale is not None:
         rec["error_scale"] = [float(v) for v in np.ravel(scale)]
     nonfinite = ~x_ok & ref_ok
-    rec.update(_error_shape(case, name, err2, ref2, nonfinite))
+    rec.update(_error_shape(case, layout_of(case, name), err2, ref2, nonfinite))
     rec["verdict"] = _verdict(nan, inf, eps, tolerance)
     rec["localisation"] = {}
     if rec["verdict"] != "pass":

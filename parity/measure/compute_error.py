@@ -13,15 +13,19 @@ for a result at the rounding level; sums are kept signed and only the totals are
 
 Blocks. compare_tensor records, per block of a tensor, e_b = w * sum (x - r)^2 and
 f_b = w * sum (round(r) - r)^2 over the block's elements, w the normalisation of rel_rms (so that
-sum_b e_b = eps^2; `block_sums`). Blocks are what is independent of what: a batch row (or packed
-state row), a head, and a group of the last axis. The last axis is independent because all three
+sum_b e_b = eps^2; `block_sums`). Blocks are what is independent of what, read from the tensor's
+declared layout (cases.layouts): a batch row (or packed state row), a head, and a group of the
+last axis. The last axis is independent because all three
 ops are linear in v's columns given q, k, g and beta: column j of o, of the state and of dv is
 the same computation applied to column j of v (kda's delta rule included: (I - beta k k^T) acts on
 every column alike), and the error of a shared intermediate (the q k^T of a chunk, the decay) meets
 each column through that column's own values, so it adds uncorrelated terms; dq, dk and gla/kda's
 dg ([.., K]) are sums over v's columns with a separate sum per K column. Chunks along T are not
-used: the state carries the error of one chunk into the next. [B, T, H] tensors (simple_gla's dg,
-kda's dbeta) are blocked by (row, head) only, [H] tensors (dg_gamma) by head.
+used: the state carries the error of one chunk into the next, and the tokens of a chunk are
+computed together; so a stage's tensors along time ([B, T, H, C] A, Aqk, dAqk, ...; u, w, v_new)
+and per chunk (h, dh [B, NT, H, K, V]) are blocked by (row, head, column group) as o is, never per
+token or per chunk. [B, T, H] tensors (simple_gla's dg, kda's dbeta) are blocked by (row, head)
+only, [H] tensors (dg_gamma) by head.
 
 The bound, `judge`: Q = sum_b a_b / sum_b d_b, a_b = e_b - f_b of the candidate and d_b of the
 reference, over the blocks of every seed both have (paired: the same inputs, the same f_b), is
@@ -71,6 +75,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from cases import Layout
+
 SEEDS_MIN = 3  # seeds a verdict needs unless far from the bound
 SEEDS_BASE = 8  # seeds after which an undecided tensor with BLOCKS_ENOUGH blocks is inconclusive
 SEEDS_MAX = 64  # the default policy's most seeds: what a tensor with one block per seed may need
@@ -87,20 +93,21 @@ ALPHA = 0.0007  # one-sided, per look: 14 looks at most
 # smooth); the bound 2x (FlashAttention's factor) still catches a localised error.
 MAX_ABS_MARGIN = 1.0
 COLUMN_GROUPS = 8  # groups of the last axis per (row, head)
-TIME_AXES = (0, 2)  # [B, T, H, ...]: row and head
-STATE_AXES = (0, 1)  # [N, H, K, V]
 
 
-def block_sums(a: np.ndarray, time_tensor: bool) -> list[float]:
-    """a: elementwise figures of a tensor, [B, T, H], [B, T, H, D], [N, H, K, V] or [H] -> their
-    sums per independent block (module docstring), in a fixed order: [rows x heads x groups]."""
+def block_sums(a: np.ndarray, layout: Layout) -> list[float]:
+    """a: elementwise figures of a tensor of `layout` -> their sums per independent block (module
+    docstring), in a fixed order [rows x heads x groups]: rows are the batch rows of time and
+    per-chunk tensors ([B, T | NT, H, ...]: tokens and chunks are summed, the state carries error
+    from one chunk into the next) and the sequences of states ([N, H, K, V]); [B, T, H] tensors have
+    no column groups, [H] tensors one block per head."""
     a = np.asarray(a, np.float64)
-    if a.ndim <= 1:
+    if layout is Layout.PER_HEAD:
         return [float(v) for v in np.ravel(a)]
-    row, head = TIME_AXES if time_tensor and a.ndim >= 3 else STATE_AXES
-    rest = tuple(i for i in range(a.ndim) if i not in (row, head) and i != a.ndim - 1)
-    if a.ndim == 3 and time_tensor:  # [B, T, H]: no feature axis
+    head = layout.head_axis
+    if a.ndim == 3:  # [B, T, H]: no feature axis
         return [float(v) for v in np.ravel(a.sum(1))]
+    rest = tuple(i for i in range(1, a.ndim - 1) if i != head)
     last = a.shape[-1]
     g = min(COLUMN_GROUPS, last)
     groups = (np.arange(last) * g) // last

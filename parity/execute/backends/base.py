@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cases import Case
-from cases.stages import stage_shapes
+from cases import Case, output_tensors
 from parity.execute.stack_room import call_with_stack_room
 from parity.measure.tol import output_dtype
 from parity.model.spec import KernelCall, Unsupported
@@ -84,7 +83,6 @@ class CompileSubject:
 
 def check_tensors(
     case: Case,
-    inputs: dict[str, np.ndarray],
     tensors: dict[str, Any],
     unsupported: dict[str, str] | None = None,
     exact_dtypes: bool = True,
@@ -96,7 +94,7 @@ def check_tensors(
     an o left in float32 on a
     bfloat16 case would escape the output rounding the bound takes out of both sides."""
     unsupported = unsupported or {}
-    expected = stage_shapes(case) if case.stage is not None else _op_shapes(case, inputs)
+    expected = {name: t.shape for name, t in output_tensors(case).items()}
     out = {}
     for name in case.output_names():
         if name not in tensors or tensors[name] is None:
@@ -115,23 +113,6 @@ def check_tensors(
     return out
 
 
-def _op_shapes(case: Case, inputs: dict[str, np.ndarray]) -> dict[str, tuple | None]:
-    """The shape of every output an op case can ask for."""
-    return {
-        "o": (case.B, case.T, case.value_heads, case.V),
-        "ht": (case.N, case.value_heads, case.K, case.V),
-        "dq": inputs["q"].shape,
-        "dk": inputs["k"].shape,
-        "dv": inputs["v"].shape,
-        "dg": inputs["g"].shape if "g" in inputs else None,
-        "dg_gamma": inputs["g_gamma"].shape if "g_gamma" in inputs else None,
-        "dbeta": inputs["beta"].shape if "beta" in inputs else None,
-        "db": inputs["b"].shape if "b" in inputs else None,
-        "dw": inputs["w"].shape if "w" in inputs else None,
-        "dh0": (case.N, case.value_heads, case.K, case.V),
-    }
-
-
 def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> BackendResult:
     """Run one backend on one case; exceptions, unsupported cases and bad outputs become records."""
     t0 = time.perf_counter()
@@ -139,7 +120,7 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
     try:
         ex = call_with_stack_room(backend.run, case, inputs)  # as fast at any caller's depth
         absent = {**ex.notes.get("unsupported_tensors", {}), **ex.notes.get("not_judged", {})}
-        tensors = check_tensors(case, inputs, ex.tensors, absent, exact_dtypes=backend.side != "oracle")
+        tensors = check_tensors(case, ex.tensors, absent, exact_dtypes=backend.side != "oracle")
     except Unsupported as e:
         return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a failing case must never stop the run

@@ -158,12 +158,15 @@ class FlaBackend:
         if cuda:
             numerics = "cuda"
         else:
-            numerics = f"triton-interpreter-gpu-v2 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, H100 tiles)"
+            numerics = (
+                f"triton-interpreter-gpu-v3 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, "
+                "fixed-order float64 dots, H100 tiles)"
+            )
         return Execution(
             tensors=tensors,
             platform=platform,
             implementation=".".join(_fla_function(case)),
-            versions=_versions(),
+            versions=_versions() if cuda else {**_versions(), "numpy": np.__version__},
             kernel_time_s=seconds,
             numerics=numerics,
             notes=_notes(case, tensors, cuda),
@@ -213,14 +216,15 @@ def _fla_call(case: Case, how: KernelCall, fla_fn):
 
 
 def _notes(case: Case, tensors: dict, cuda: bool) -> dict:
-    """The record's notes: the chunk size FLA used, what the interpreter emulates, and the
-    gradients FLA returns none of (unsupported_tensors, with the reason)."""
+    """The record's notes: the chunk size FLA used, what the interpreter emulates and what its
+    bits depend on, and the gradients FLA returns none of (unsupported_tensors, with the reason)."""
     notes: dict = {"chunk_size": fla_chunk_size(case) if case.stage is None else case.chunk_size}
     if not cuda:
         notes["emulation"] = (
             "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU; "
             "tiles sized for an H100's shared memory"
         )
+        notes["cpu_bits"] = triton_interpreter.what_the_bits_depend_on()
     missing = {
         n: "FLA's autograd returns no gradient for it"
         for n in case.output_names()

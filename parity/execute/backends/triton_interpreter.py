@@ -20,8 +20,11 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    reduction and scan with a bfloat16 operand is made to widen to float32, compute, and round to nearest even
    back to bfloat16, as the GPU does. And as on the GPU, a float32 `tl.dot` with the
    default input precision ("tf32", which FLA's kernels use) rounds its operands to
-   TF32 (10 mantissa bits; by truncation, see TF32_ROUNDING) and accumulates in float32;
-   "ieee" and "tf32x3" dots stay exact float32.
+   TF32 (10 mantissa bits; by truncation, see TF32_ROUNDING); "ieee" and "tf32x3" dots keep
+   float32 operands. Every floating-point dot accumulates in float32 by one fused multiply-add
+   per k in a fixed order (fixed_order_dot), never through numpy's BLAS, whose summation order
+   follows the processor's BLAS kernel and the block shape: FLA's interpreted bits are the same
+   under any BLAS kernel (OPENBLAS_CORETYPE), and a config's block shape changes no bit.
 4. FLA sizes its tiles and autotune config lists at import from the GPU's shared memory: on
    a CPU its probe finds no GPU, and FLA takes the tiles of the smallest GPU (BK 16, 32-wide
    chunk tiles), which no H100 runs. `request()` makes the probe answer as an H100 does
@@ -70,6 +73,21 @@ def to_tf32(x: np.ndarray) -> np.ndarray:
         raise ValueError(f"PARITY_TF32_ROUNDING={TF32_ROUNDING!r}: expected 'truncate' or 'nearest'")
     special = (x.view(np.uint32) & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
     return np.where(special, x, (bits & np.uint32(0xFFFFE000)).view(np.float32))
+
+
+def what_the_bits_depend_on() -> str:
+    """What FLA's interpreted bits depend on besides the inputs, the chunk size and the recorded
+    versions, in one line: not the BLAS kernel (fixed_order_dot), but numpy's elementwise
+    functions (exp, log, ...), which numpy computes with the SIMD code of the processor's features
+    (measured: with AVX-512 disabled, NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR",
+    FLA's gla and kda outputs changed in their last bits)."""
+    simd = np.__config__.CONFIG.get("SIMD Extensions", {})
+    found = ", ".join(simd.get("found", [])) or "none"
+    return (
+        "the same under any BLAS kernel (dots summed in a fixed order); numpy's elementwise functions "
+        f"(exp, log, ...) by its SIMD code for {found} (baseline {', '.join(simd.get('baseline', []))}): "
+        "a processor with other SIMD features can change last bits"
+    )
 
 
 def request() -> None:
@@ -263,25 +281,47 @@ def _patch_bf16_elementwise(Builder, bf16: _Bfloat16) -> None:
     Builder.ternary_op = ternary_op
 
 
+def fixed_order_dot(a: np.ndarray, b: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """a @ b + d for a [M, K], b [K, N], d [M, N] (float32 or float16 values), in d's dtype, as
+    a GPU's dot accumulates: from zero, one fused multiply-add per k in the order k = 0, 1, ...,
+    K - 1, each rounded to d's dtype (the exact product plus the accumulator, formed in float64),
+    then d added (as triton's interpreter adds the accumulator after the product). Every element
+    depends on its row of a, its column of b and its d alone, in a fixed order: the same bits
+    whatever BLAS numpy uses, on any CPU, and whatever block shape the kernel's config gives the
+    dot (np.matmul's sum order follows the BLAS kernel the processor gets and the block shape)."""
+    products = a.astype(np.float64).T[:, :, None] * b.astype(np.float64)[:, None, :]  # [K, M, N], exact
+    acc = np.zeros(d.shape, d.dtype)
+    for p in products:  # the accumulator + the exact product in float64, rounded once into acc
+        np.add(acc, p, out=acc, casting="unsafe")
+    return acc + d
+
+
 def _patch_dot(Builder, bf16: _Bfloat16) -> None:
     """tl.dot as on the GPU: float32 operands of a "tf32" dot rounded to TF32 (to_tf32), bf16
-    operands computed on as float32 values, a bf16 accumulator rounded back."""
+    operands computed on as float32 values, a bf16 accumulator rounded back; floating-point dots
+    summed by fixed_order_dot instead of BLAS."""
     from triton._C.libtriton import ir
 
     original_dot = Builder.create_dot
     tf32 = ir.INPUT_PRECISION.TF32
+    fixed_order = {np.dtype(np.float32), np.dtype(np.float16)}
 
     def as_tf32(h):
         if h.dtype.scalar != bf16.tl.float32:
             return h
         return bf16.TensorHandle(to_tf32(h.data), bf16.tl.float32)
 
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if {a.data.dtype, b.data.dtype, d.data.dtype} <= fixed_order:
+            return bf16.TensorHandle(fixed_order_dot(a.data, b.data, d.data), d.dtype.scalar)
+        return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)  # integer and fp8 dots
+
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if input_precision == tf32:  # the GPU's default for float32 operands: TF32 tensor cores
             a, b = as_tf32(a), as_tf32(b)
         if not (bf16.is_bf16(a) or bf16.is_bf16(b) or bf16.is_bf16(d)):
-            return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
-        out = original_dot(self, bf16.widen(a), bf16.widen(b), bf16.widen(d), input_precision, max_num_imprecise_acc)
+            return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = dot(self, bf16.widen(a), bf16.widen(b), bf16.widen(d), input_precision, max_num_imprecise_acc)
         return bf16.narrow(out) if bf16.is_bf16(d) else out
 
     Builder.create_dot = create_dot
