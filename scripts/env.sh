@@ -20,15 +20,16 @@ if [ ! -f "$stamp" ]; then
     else "$VPY" -m pip install -q "torch==2.13.0"; fi
   fi
   "$VPY" -m pip install -q -e ".[test]"
-  # examples/tpu_inference_gdn's kernels (tests/test_examples.py runs them): tpu-inference from
-  # the registry without its dependencies (vLLM); its GDN kernels import only jax
-  "$VPY" -m pip install -q --no-deps "tpu-inference==0.32.0"
-  # examples/ejkernel_gdn, gdn2_pallas and atomic_ops (tests/test_examples.py runs them), from the
-  # registry without their dependencies: ejkernel's gated delta rule imports jax, beartype and
-  # jaxtyping only (the adapter skips the package __init__s); gdn2-pallas and atomic-ops import
-  # only jax and numpy, and both ship a top-level package `atomic_ops` with different files, so
-  # each goes into its own --target directory, where its adapter looks (its setup.sh: the same)
-  "$VPY" -m pip install -q --no-deps "ejkernel==0.0.80.3" "beartype==0.23.1" "jaxtyping==0.3.11" "wadler_lindig==0.1.8"
+  # the example libraries (tests/test_examples.py runs them), from the registry without their
+  # dependencies, each into its own --target directory, where its adapter looks (its setup.sh: the
+  # same), never into the environment: tpu-inference's GDN kernels import only jax, but its wheel
+  # declares vLLM's requirements (pip's resolver would print each as an ERROR); ejkernel's gated
+  # delta rule imports jax, beartype and jaxtyping only (the adapter skips the package __init__s),
+  # and its wheel brings top-level packages of other names (tests, tools, ...); gdn2-pallas and
+  # atomic-ops import only jax and numpy, and both ship a top-level package `atomic_ops`
+  "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/tpu-inference-0.32.0" "tpu-inference==0.32.0"
+  "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/ejkernel-0.0.80.3" \
+    "ejkernel==0.0.80.3" "beartype==0.23.1" "jaxtyping==0.3.11" "wadler_lindig==0.1.8"
   "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/gdn2-pallas-0.1.1" "gdn2-pallas==0.1.1"
   "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/atomic-ops-0.2.0" "atomic-ops==0.2.0"
   if ! command -v nvidia-smi >/dev/null 2>&1; then

@@ -38,6 +38,8 @@ phase "unit tests" python -m pytest -n 2 --dist worksteal -m "not interpret and 
   --junitxml="$TIMING/unit.xml" tests "$@"
 phase "interpret parity" python -m pytest -n 2 --dist worksteal -m interpret --parity-suite ci,stages \
   --parity-tpu-targets v5e --junitxml="$TIMING/interpret.xml" tests "$@"
+# the page over every ci and stages case the built-in kernels just gave (records of the pass above)
+phase "page over the interpret records" parity report reports/pytest -o reports/pytest/index.html
 phases+=("total$T$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')")
 printf '%s\n' "${phases[@]}" >"$TIMING/phases.txt"
 echo

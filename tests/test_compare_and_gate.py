@@ -13,7 +13,9 @@ from parity.measure.compare import (
     bound_localisation,
     compare_tensor,
     describe_bound,
+    describe_bound_quantity,
     describe_localisation,
+    fmt,
     rel_rms,
 )
 from parity.measure.tol import TOL_VERSION, calibrate, growth, output_dtype, tol
@@ -351,6 +353,13 @@ def test_candidate_with_twice_the_reference_error_fails_at_1_and_passes_at_4(tmp
     assert 2.5 < f["ratio"] < 3.1 and f["interval"][0] > 1 and f["eps_candidate"] > f["eps_reference"]
     assert f["localisation"]["against"] == "bound" and "at: " in format_summary(strict)
     assert f["rule"] == "ratio-interval" and f"fail-bound, decided by {f['why']}" in format_summary(strict)
+    # the command that reproduces it right under the failure, as the plugin prints it
+    assert f["repro"].startswith("parity run") and f"\n       repro: {f['repro']}" in format_summary(strict)
+    # the plugin's bound line names the quantity it compares, with the reference's figure the limit comes from
+    b = strict["cases"][0]["tensors"][f["tensor"]]["bound"]
+    line = describe_bound_quantity(b, "twice", "fla")
+    assert line.startswith("bound on the compute error (the error apart from the output's rounding), over")
+    assert f"limit {fmt(b['rel_rms']['limit'])} = factor 1 x c_fla = {fmt(b['rel_rms']['reference'])}" in line
     assert run_gate([tmp_path], 4.0)["ok"]
 
 

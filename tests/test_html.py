@@ -519,7 +519,7 @@ def test_index_loads_without_errors(tab):
     assert len(ids) == 100  # first page
     assert ids[0] == HOSTILE_ID and ids[1] == FAILING.id  # failures first: error, then nan-inf
     # a candidate's cell: the gate's verdict, then the tensor and rule that decided it
-    cell = tab.locator("#case-table tbody tr").nth(1).locator("td.bstart").last.text_content()
+    cell = tab.locator("#case-table tbody tr").nth(1).locator("td[data-key='pallas.v']").text_content()
     assert re.fullmatch(r"fail-accuracy (o|dq|dk|dv): tolerance", cell), cell
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SCREENSHOTS / "index.png"), full_page=False)
@@ -598,6 +598,7 @@ def test_bound_scatter_hover_and_click(tab):
     assert {t[1] for t in traces if t[0].startswith("pass ")} == {"#1a7f37"}
     point = tab.locator("#bound-scatter .scatterlayer .trace").nth(failing[0]).locator(".point").first
     assert point.evaluate("e => getComputedStyle(e).fill") == "rgb(207, 34, 46)"  # drawn red
+    point.scroll_into_view_if_needed()  # below the gate card's list of failures
     box = point.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     tab.mouse.move(x, y)
@@ -707,6 +708,35 @@ def test_page_fits_1280_and_plots_clear_of_the_toolbar(browser, page):
         pg.wait_for_selector("#detail[data-state='ready']", timeout=60_000)
         detail = pg.evaluate(LAYOUT_JS)
         assert detail["problems"] == [] and detail["seen"]["plots"] >= 10 and detail["seen"]["legends"] >= 5, detail
+    finally:
+        ctx.close()
+
+
+def test_gate_card_names_each_failure_and_the_table_its_verdict_at_1280(browser, page):
+    """At 1280 x 800, without scrolling: the gate card lists each failing (case, candidate) with its
+    tensor, verdict word and the rule that decided it, linked to the case, and says where each side
+    ran; the case table's candidate verdict and 'where' columns are in view without scrolling it
+    sideways."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        pg = ctx.new_page()
+        pg.goto(page.as_uri())
+        pg.wait_for_selector("body[data-ready='1']")
+        first = pg.locator("#gate-failing li").first
+        box = first.bounding_box()
+        assert box["y"] + box["height"] <= 800 and box["x"] + box["width"] <= 1280, box
+        items = pg.locator("#gate-failing li").all_text_contents()
+        failing = [t for t in items if FAILING.id in t and "[pallas]" in t]
+        assert failing and "fail-accuracy" in failing[0] and "tolerance" in failing[0], items
+        assert pg.locator("#gate-failing li a").first.get_attribute("href").startswith("#case=")
+        ran = pg.locator("#gate-ran").text_content()
+        assert (
+            ran.startswith("Reference: fla on cpu:test") and "CUDA on NVIDIA H100" in ran and "a TPU (TPU v5e)" in ran
+        )
+        pg.locator("#case-table").scroll_into_view_if_needed()
+        for key in ("pallas.v", "pallas.l"):
+            th = pg.locator(f"#case-table th[data-key='{key}']").bounding_box()
+            assert th["x"] + th["width"] <= 1280, (key, th)
     finally:
         ctx.close()
 

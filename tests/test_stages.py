@@ -20,6 +20,7 @@ from parity.cli import main
 from parity.execute.backends import parse_backend_spec
 from parity.execute.backends.base import check_tensors
 from parity.execute.backends.calling import candidate_function
+from parity.html.rows import what_ran
 from parity.model.inputs import case_inputs
 from parity.model.spec import Unsupported
 from tests.helpers import requires_libtpu
@@ -57,6 +58,39 @@ def test_stage_cases_of_an_op_case_follow_its_direction_and_gate():
     both = fwd.replace(direction="fwdbwd", gate="gamma_alibi")
     assert [c.stage for c in stage_cases(both)] == ["fwd_h", "fwd_o", "bwd_dh", "bwd_dv", "bwd_dqkwg"]
     assert all(c.op_case == both.replace(direction=c.op_case.direction) for c in stage_cases(both))
+
+
+def test_a_run_of_a_kda_chunk_128_case_writes_its_page_and_exits_with_its_gate(tmp_path, capsys):
+    """The page looked for stage cases of every op case, and kda has none at chunk 128: `parity
+    run` printed gate: PASS, then exited 2 without a page."""
+    out = tmp_path / "run"
+    argv = ["run", "--case", "kda-fwd-B1-T64-H1-K32-V32-fp32-C128-g_logsig", "--backends", "oracle,fla,pallas"]
+    rc = main([*argv, "--tpu-targets", "none", "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "gate: PASS" in text and (out / "index.html").is_file(), text
+
+
+def test_docs_stage_signatures_are_written_from_the_registry():
+    """docs/stages.md's table of every stage's call and outputs is what the registry says
+    (python -m cases.stage_signatures rewrites it), e.g. chunk_bwd_dqkwg's four outputs."""
+    from cases import stage_signatures as signatures
+
+    text = signatures.DOC.read_text()
+    assert signatures.rewritten(text) == text, "run `python -m cases.stage_signatures` and commit docs/stages.md"
+    rows = [line for line in signatures.markdown().splitlines() if line.startswith("| `")]
+    assert len(rows) == sum(len(s) for s in STAGES.values())
+    row = signatures.stage_row("simple_gla", "bwd_dqkwg")
+    assert "dk [B, T, H, K] time, the case dtype; dw: None (no such tensor in simple_gla); dg [B, T, H] time" in row
+
+
+def test_stage_cases_are_made_only_for_the_stages_that_exist_for_the_case():
+    """FLA's kda stages take chunk 32 or 64 (its op runs a 128 case at 64): a C128 kda op case has
+    no stage cases, so its page and `parity localise` look for none (they exited 2 on it); gdn's
+    stages take up to 64 likewise, simple_gla's take 128."""
+    assert stage_cases(Case.from_id("kda-fwdbwd-B1-T100-H2-K64-V64-fp32-C128-g_logsig-h0")) == []
+    assert len(stage_cases(Case.from_id("kda-fwdbwd-B1-T100-H2-K64-V64-fp32-C64-g_logsig-h0"))) == 8
+    assert stage_cases(Case.from_id("gdn-fwd-B1-T100-H2-K64-V64-fp32-C128-g_logsig")) == []
+    assert len(stage_cases(Case.from_id("simple_gla-fwd-B1-T100-H2-K64-V64-fp32-C128-g_logsig"))) == 3
 
 
 def test_stage_inputs_are_the_registry_shapes_and_dtypes_the_same_bytes_every_time():
@@ -120,11 +154,42 @@ def test_localise_names_the_stage_a_planted_bug_lives_in(tmp_path, capsys):
     assert [s["stage"] for s in result["stages"]] == ["local_cumsum", "fwd_h", "fwd_o"]
     assert result["op"]["verdict"] != "pass" and result["first"] == "fwd_o", text
     assert [s["verdict"] for s in result["stages"][:2]] == ["pass", "pass"]
-    assert "first stage over its bound: fwd_o" in text
+    assert (
+        "first stage that fails: fwd_o, fail-accuracy: over its bound" in text
+        or "first stage that fails: fwd_o, fail-bound" in text
+    )
     assert "parity run --case simple_gla:fwd_o-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig" in text
     # the op case's page names the stage too
     page = [f.read_text() for f in (out / "index_files" / "cases").glob("*.js") if f'"id":"{case}"' in f.read_text()]
     assert len(page) == 1 and '"first":"fwd_o"' in page[0]
+
+
+@requires_libtpu
+def test_a_mixed_pallas_and_plain_jax_stage_module_is_judged_per_stage_and_the_compile_failure_named(tmp_path, capsys):
+    """tests/mixed_stages.py under pallas:: its plain-JAX chunk_local_cumsum (framework "jax") is
+    judged on its numbers and labelled XLA; its Pallas chunk_fwd_h passes; its chunk_fwd_o computes
+    right but Mosaic rejects it: localise names fwd_o for the compile failure, and the compile's
+    repro compiles that candidate alone into the run's directory."""
+    case = "simple_gla-fwd-B1-T64-H1-K64-V64-bf16-C64-g_logsig"
+    out = tmp_path / "loc"
+    argv = ["localise", case, "--candidate", "mixed=pallas:tests.mixed_stages:chunk_simple_gla"]
+    argv += ["--stages", "tests.mixed_stages", "--tpu-targets", "v5e", "--out", str(out), "--no-progress"]
+    rc = main(argv)
+    text = capsys.readouterr().out
+    assert rc == 1, text
+    result = json.loads((out / "localise.json").read_text())
+    verdicts = {s["stage"]: s["verdict"] for s in result["stages"]}
+    assert verdicts == {"local_cumsum": "pass", "fwd_h": "pass", "fwd_o": "compile-error"}, text
+    assert result["first"] == "fwd_o" and result["not_judged"] == [], result
+    assert "first stage that fails: fwd_o, compile-error: does not compile" in text
+    fwd_o = next(s for s in result["stages"] if s["stage"] == "fwd_o")
+    assert fwd_o["repro"].startswith("parity compile --case simple_gla:fwd_o-") and f"--out {out}" in fwd_o["repro"]
+    assert "--backends" not in fwd_o["repro"]
+    cumsum = json.loads(
+        (out / "mixed.stages" / f"simple_gla:local_cumsum-{case[len('simple_gla-') :]}.json").read_text()
+    )
+    assert cumsum["notes"]["pallas"]["required"] is False and cumsum["verdict"] == "pass"
+    assert what_ran(cumsum).startswith("plain JAX, compiled by XLA")
 
 
 def test_the_repro_script_of_a_stage_case_calls_the_stage_and_judges_it(tmp_path, capsys):

@@ -321,11 +321,15 @@ def test_vmem_failure_reads_the_compilers_three_messages():
 @requires_libtpu
 def test_a_kernel_asking_for_more_vmem_than_v5e_has_is_named_with_its_buffers(tmp_path, capsys):
     spec = "hog=pallas:tests.tpu_candidates:vmem_hog"
-    argv = ["compile", "--case", FWD.id, "--candidate", spec, "--backends", "pallas", "--tpu-targets", "v5e"]
+    argv = ["compile", "--case", FWD.id, "--candidate", spec, "--tpu-targets", "v5e"]
     assert main([*argv, "--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "[VMEM: kernel vmem_hog needs 200.00 MiB of VMEM" in out and "does not fit" in out
-    v5e = json.loads((tmp_path / "hog" / f"{FWD.id}.compile.json").read_text())["targets"]["v5e"]
+    rec = json.loads((tmp_path / "hog" / f"{FWD.id}.compile.json").read_text())
+    # a --candidate compiles alone (no built-in kernels), and its repro does the same into this directory
+    assert not (tmp_path / "pallas").exists() and "--backends" not in rec["repro"]
+    assert rec["repro"].endswith(f"--candidate {spec} --tpu-targets v5e --out {tmp_path}")
+    v5e = rec["targets"]["v5e"]
     assert not v5e["ok"] and v5e["default_device"] == "tpu:TPU v5 lite (compile-only)"
     vmem = v5e["vmem"]
     assert vmem["kernel"] == "vmem_hog" and vmem["fits"] is False and vmem["limit"] == "capacity"

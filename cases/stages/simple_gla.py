@@ -19,8 +19,9 @@ fla.ops.utils.cumsum), in FLA 0.6.0's calling convention (keyword arguments; ten
                     -> dv [B, T, H, V] in do's dtype
     bwd_dqkwg     chunk_bwd_dqkwg(q, k, v, do, h, dh, g | g_gamma, scale, cu_seqlens, chunk_size)
                     h float32 (FLA's backward recomputes it with states_in_fp32=True)
-                    -> dq, dk [B, T, H, K] in q's dtype, dg [B, T, H] float32 (g gates: the
-                       gradient w.r.t. the chunk-local cumsum, before FLA's reverse cumsum)
+                    -> dq, dk [B, T, H, K] in q's dtype, dw (None: simple_gla has no w; FLA's
+                       function returns four), dg [B, T, H] float32 (g gates: the gradient
+                       w.r.t. the chunk-local cumsum, before FLA's reverse cumsum)
 
 Gates reach the stages after the cumsum: g is the chunk-local cumsum of the op's g times 1 / ln 2
 (RCP_LN2: FLA 0.6.0's kernels take exp2), g_gamma the op's g_gamma times 1 / ln 2. NT counts

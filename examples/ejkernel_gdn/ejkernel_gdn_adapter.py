@@ -1,8 +1,9 @@
 """ejkernel's TPU Pallas gated delta rule (`ejkernel.kernels._pallas.tpu.gated_delta_rule`), as a
 parity candidate for op gdn.
 
-ejkernel 0.0.80.3 (`pip install --no-deps "ejkernel==0.0.80.3"`, setup.sh, plus what this module's
-imports need: beartype, jaxtyping and its wadler_lindig) is EasyDeL's kernel library; its package
+ejkernel 0.0.80.3 (setup.sh: `pip install --no-deps --target DIR "ejkernel==0.0.80.3"` plus what
+this module's imports need, beartype, jaxtyping and its wadler_lindig, DIR its own directory,
+`target()`: its wheel also brings top-level packages of other names) is EasyDeL's kernel library; its package
 `__init__`s import every kernel of every backend (chex, pydantic, tqdm, the GPU backends...).
 `load()` imports the gated delta rule without them: the parent packages (ejkernel,
 ejkernel.kernels, ._pallas, ._pallas.tpu, ._xla) are registered bare, with their paths, when they
@@ -53,13 +54,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import types
+from pathlib import Path
 
 import jax.numpy as jnp
 
 PACKAGE = "ejkernel"
 VERSION = "0.0.80.3"  # the version this adapter was written against
+TARGET_ENV = "EJKERNEL_TARGET"
 BARE = (
     "ejkernel",
     "ejkernel.kernels",
@@ -70,9 +74,16 @@ BARE = (
 MODULE = "ejkernel.kernels._pallas.tpu.gated_delta_rule"
 
 
+def target() -> Path:
+    """Where setup.sh installs ejkernel and its imports (pip --target): $EJKERNEL_TARGET, or
+    <sys.prefix>/pkgs/ejkernel-<VERSION>."""
+    return Path(os.environ.get(TARGET_ENV) or Path(sys.prefix) / "pkgs" / f"{PACKAGE}-{VERSION}")
+
+
 def load():
-    """ejkernel's Pallas TPU gated_delta_rule package, its parents' __init__s not run (module
-    docstring); ImportError with the set-up command when ejkernel is not installed."""
+    """ejkernel's Pallas TPU gated_delta_rule package, from the environment or else from
+    `target()`, its parents' __init__s not run (module docstring); ImportError with the set-up
+    command when ejkernel is in neither."""
     if MODULE in sys.modules:
         return sys.modules[MODULE]
     for name in BARE:
@@ -80,8 +91,14 @@ def load():
             continue
         parent, _, child = name.rpartition(".")
         spec = importlib.util.find_spec(PACKAGE) if not parent else None
+        if spec is None and not parent and (target() / PACKAGE).is_dir():
+            sys.path.append(str(target()))
+            spec = importlib.util.find_spec(PACKAGE)
         if spec is None and not parent:
-            raise ImportError(f'{PACKAGE} is not installed: pip install --no-deps "{PACKAGE}=={VERSION}" (setup.sh)')
+            raise ImportError(
+                f'{PACKAGE} is not installed: pip install --no-deps --target "{target()}" "{PACKAGE}=={VERSION}" '
+                "beartype jaxtyping wadler_lindig (setup.sh)"
+            )
         path = list(spec.submodule_search_locations) if not parent else [f"{sys.modules[parent].__path__[0]}/{child}"]
         bare = types.ModuleType(name)
         bare.__path__ = path

@@ -1,10 +1,11 @@
 """tpu-inference's Pallas TPU kernels for the gated delta rule, as parity candidates.
 
-tpu-inference (pip install --no-deps "tpu-inference==0.32.0": the TPU backend of vLLM) ships its
-GDN kernels in `tpu_inference.kernels.gdn`; they import only jax, but the package's own
-`__init__` imports vLLM's platform code. `load(module)` imports a kernel module without running
-that `__init__` (the top package is registered bare, with its path, when it is not imported
-already), so no vLLM is needed.
+tpu-inference (the TPU backend of vLLM; setup.sh: pip install --no-deps --target DIR
+"tpu-inference==0.32.0", DIR its own directory, `target()`, so that its vLLM requirements never
+meet the environment's packages) ships its GDN kernels in `tpu_inference.kernels.gdn`; they import
+only jax, but the package's own `__init__` imports vLLM's platform code. `load(module)` imports a
+kernel module without running that `__init__` (the top package is registered bare, with its path,
+when it is not imported already), so no vLLM is needed.
 
 The harness's calling convention, ops kda (FLA's `chunk_kda`) and gdn (`chunk_gated_delta_rule`):
     fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None)
@@ -43,24 +44,41 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import os
 import sys
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 PACKAGE = "tpu_inference"
+DIST = "tpu-inference"
 VERSION = "0.32.0"  # the version this adapter was written against
+TARGET_ENV = "TPU_INFERENCE_TARGET"
+
+
+def target() -> Path:
+    """Where setup.sh installs tpu-inference (pip --target): $TPU_INFERENCE_TARGET, or
+    <sys.prefix>/pkgs/tpu-inference-<VERSION>."""
+    return Path(os.environ.get(TARGET_ENV) or Path(sys.prefix) / "pkgs" / f"{DIST}-{VERSION}")
 
 
 def load(module: str):
     """tpu_inference.<module>, imported without running tpu_inference/__init__.py (which imports
-    vLLM); ImportError with the set-up command when tpu-inference is not installed."""
+    vLLM), from the environment or else from `target()`; ImportError with the set-up command when
+    tpu-inference is in neither."""
     if PACKAGE not in sys.modules:
         spec = importlib.util.find_spec(PACKAGE)
+        if spec is None and (target() / PACKAGE).is_dir():
+            sys.path.append(str(target()))
+            spec = importlib.util.find_spec(PACKAGE)
         if spec is None or not spec.submodule_search_locations:
-            raise ImportError(f'{PACKAGE} is not installed: pip install --no-deps "tpu-inference=={VERSION}"')
+            raise ImportError(
+                f'{PACKAGE} is not installed: pip install --no-deps --target "{target()}" '
+                f'"{DIST}=={VERSION}" (setup.sh)'
+            )
         bare = types.ModuleType(PACKAGE)
         bare.__path__ = list(spec.submodule_search_locations)
         bare.__spec__ = spec

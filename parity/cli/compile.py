@@ -32,8 +32,8 @@ def add_parser(sub) -> None:
         "--backends",
         metavar="LIST",
         type=check.backend_list,
-        default=check.backend_list("pallas,pallas-fused"),
-        help="comma-separated jax candidates (default pallas,pallas-fused)",
+        default=None,
+        help="comma-separated jax candidates (default pallas,pallas-fused; none with --candidate)",
     )
     sp.add_argument("--candidate", metavar="SPEC", action="append", help="NAME=jax|pallas:MODULE:FUNCTION (repeatable)")
     sp.add_argument(
@@ -52,7 +52,10 @@ def add_parser(sub) -> None:
 
 def cmd_compile(a) -> int:
     cases = select_cases(a)
-    texts = list(a.backends) + list(a.candidate or [])
+    backends = a.backends
+    if backends is None:  # the built-in kernels, unless candidates are given: then those alone
+        backends = [] if a.candidate else check.backend_list("pallas,pallas-fused")
+    texts = list(backends) + list(a.candidate or [])
     parsed = check_specs(texts)  # SpecError: parity.cli.main writes it with its flag
     bad = [s.text for s in parsed if s.side != "candidate" or s.framework == "torch"]
     specs = [s.text for s in parsed]

@@ -1,5 +1,6 @@
 """`parity localise CASE --candidate SPEC`: run an op case and each of its stages (cases.stages)
-through the oracle, FLA and the candidate, and name the first stage over its bound.
+through the oracle, FLA and the candidate, and name the first stage that fails (over its bound, or
+not compiling for a TPU target).
 
 The candidate's stages: kernels_jax's stage modules for `pallas` (kernels_jax.<op>.stages), the
 mutant's copy of them for `mutant:NAME`, and for a user's candidate the module given with
@@ -39,9 +40,7 @@ from parity.records import load_latest
 
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser(
-        "localise", help="run an op case and each of its stages, and name the first stage over its bound"
-    )
+    sp = sub.add_parser("localise", help="run an op case and each of its stages, and name the first stage that fails")
     sp.add_argument("case", metavar="CASE", help="an op case id (parity cases lists them)")
     sp.add_argument(
         "--candidate",

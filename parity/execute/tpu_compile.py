@@ -344,9 +344,11 @@ def _clear_dumps(paths) -> None:
 
 
 # ------------------------------------------------------------------ records
-def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id: str, compiled=None) -> dict:
+def compile_record(
+    case: Case, spec: str, backend: str, subject, targets, run_id: str, compiled=None, out_dir: Path | None = None
+) -> dict:
     """The kind "compile" record of one case and candidate over the TPU targets (`compiled`:
-    compiled_in_run's, modules not to compile again)."""
+    compiled_in_run's, modules not to compile again; `out_dir`: where its repro writes)."""
     import jax  # late: heavy (runner imports this module)
 
     program_case = dataclasses.replace(case, direction="fwd") if subject.forward_only else case
@@ -364,7 +366,7 @@ def compile_record(case: Case, spec: str, backend: str, subject, targets, run_id
     rec.update(
         kind="compile",
         implementation=subject.implementation,
-        repro=compile_repro_command(case.id, spec, targets),
+        repro=compile_repro_command(case.id, spec, targets, out_dir),
         program="fwd+bwd" if program_case.backward else "fwd",
         libtpu=libtpu_version(),
         jax=jax.__version__,
@@ -387,6 +389,6 @@ def compile_for_targets(case: Case, spec, backend, targets, out_dir: Path, run_i
         return None
     spec = as_spec(spec)
     compiled = compiled_in_run(out_dir, case.id, run_id, spec.name)
-    rec = compile_record(case, spec.text, spec.name, subject, targets, run_id, compiled)
+    rec = compile_record(case, spec.text, spec.name, subject, targets, run_id, compiled, Path(out_dir))
     write_json(result_path(Path(out_dir), spec.name, case.id, kind="compile"), rec)
     return rec

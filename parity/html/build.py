@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from cases import CaseError
 from parity.html.compile_view import compile_section, compile_target_order
 from parity.html.rows import (
     backend_order,
@@ -82,7 +83,10 @@ def build_report(dirs: list[Path]) -> dict:
         for row in rows
     ]
     for d in details:
-        d["stages"] = stage_localisations(d["id"], by_case, factor)
+        try:
+            d["stages"] = stage_localisations(d["id"], by_case, factor)
+        except (CaseError, KeyError, ValueError) as e:  # the page says so; the run's verdict stands
+            d["stages"], d["stages_error"] = [], f"stage localisation not built: {e}"
     s = summary(rows, by_case, backends, gate, dirs, [])
     s["compile"] = compile_section(compiles, {r["id"]: r["n"] for r in rows}, targets, _gate_compile(dirs))
     s["compile_records"] = sum(len(v) for v in compiles.values())

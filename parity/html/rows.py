@@ -26,6 +26,55 @@ def _ordered_counts(counter: Counter) -> dict:
     return {v: counter[v] for v in known + sorted(set(counter) - set(known))}
 
 
+# where a record says it ran (BackendResult.platform), in words: an emulator is never a GPU or TPU
+PLATFORM_WORDS = {
+    "cpu:triton-interpreter": "the Triton interpreter on a CPU",
+    "cpu:tpu-interpret": "TPU interpret mode on a CPU",
+    "cpu": "a CPU",
+}
+FAILING_SHOWN = 12  # failing checks the gate card lists (the case table holds the rest)
+
+
+def platform_words(platform: str) -> str:
+    """'cuda:NVIDIA H100 ...' -> 'CUDA on NVIDIA H100 ...', 'tpu:TPU v5 lite' -> 'a TPU (TPU v5 lite)',
+    the CPU emulators by name (PLATFORM_WORDS); anything else as it is."""
+    if platform in PLATFORM_WORDS:
+        return PLATFORM_WORDS[platform]
+    kind, _, device = platform.partition(":")
+    return {"cuda": f"CUDA on {device}", "tpu": f"a TPU ({device})"}.get(kind, platform)
+
+
+def where_sides_ran(by_case: dict) -> dict[str, str]:
+    """{"reference": ..., "candidates": ...}: each backend of that side and where its records say it
+    ran, in words, e.g. 'fla in the Triton interpreter on a CPU'."""
+    ran: dict[str, dict[str, Counter]] = {"reference": defaultdict(Counter), "candidate": defaultdict(Counter)}
+    for recs in by_case.values():
+        for name, r in recs.items():
+            if r.get("side") in ran and r.get("platform"):
+                ran[r["side"]][name][r["platform"]] += 1
+    words = {
+        side: "; ".join(
+            f"{name} on " + " and ".join(platform_words(p) for p, _ in platforms.most_common())
+            for name, platforms in sorted(backends.items())
+        )
+        for side, backends in ran.items()
+    }
+    return {"reference": words["reference"] or "none", "candidates": words["candidate"] or "none"}
+
+
+def _failing_line(f: dict) -> dict:
+    """A gate failure (Failure.as_dict) for the gate card: case, candidate, tensor, verdict, the rule
+    with its figures (or what went wrong), where."""
+    return {
+        "case_id": f["case_id"],
+        "candidate": f["candidate"],
+        "tensor": f.get("tensor") or "",
+        "verdict": f["verdict"],
+        "why": f.get("why") or f.get("detail") or "",
+        "where": describe_localisation(f.get("localisation")),
+    }
+
+
 def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) -> tuple[dict[str, dict], dict]:
     """The gate's judgement (parity.judge.case.judge_case) of each case, so that one refused case
     does not hide the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall
@@ -41,7 +90,7 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         if not compiles:
             return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
         note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
-    failures, refused, counts = 0, [], Counter()
+    failures, refused, counts, failing = 0, [], Counter(), []
     for cid in sorted(set(by_case) | set(compiles)):
         recs = None if note else (by_case.get(cid) or None)  # None: its compile records only
         j = judge_case(cid, recs, compiles.get(cid), factor, REFERENCE)
@@ -51,6 +100,7 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
             continue
         per_case[cid] = {e["candidate"]: e for e in j.entries}
         failures += len(j.failures) + len(j.compile_failures)
+        failing += [_failing_line(f.as_dict()) for f in (*j.failures, *j.compile_failures)]
         counts.update(e["verdict"] for e in j.entries)
     status = "refused" if refused else ("pass" if failures == 0 else "fail")
     margin = smallest_margin([e for g in per_case.values() for k, e in g.items() if k != "refused"])
@@ -63,6 +113,8 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         "counts": _ordered_counts(counts),
         "note": note,
         "smallest_margin": margin_line(margin) if margin else None,
+        "failing": failing[:FAILING_SHOWN],
+        "ran": where_sides_ran(by_case),
     }
 
 
@@ -324,8 +376,10 @@ def what_ran(rec: dict) -> str | None:
         return None
     host = ((rec.get("notes") or {}).get("tpu_identity") or {}).get("emulated")
     where = f" on an emulated {host} host" if host else ""
-    if paths.get("cause"):
-        return f"{'not a TPU kernel' if paths.get('required') else 'no Mosaic kernel'}: {paths['cause']}"
+    if paths.get("cause") and paths.get("required"):
+        return f"not a TPU kernel: {paths['cause']}"
+    if paths.get("cause"):  # a plain jax candidate: XLA is what it is, not a kernel it lacks
+        return f"plain JAX, compiled by XLA ({paths['cause']})"
     ran = RAN_IN_WORDS.get(paths.get("ran"), paths.get("ran"))
     return f"Mosaic kernels as written, run in {ran}{where}"
 

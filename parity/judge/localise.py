@@ -3,9 +3,13 @@ the stages run (cases.suites.stage_cases), and the first one over its bound name
 
 `localise_stages` is a pure function of a run's records: the op case judged for the candidate,
 each of its stage cases judged for the candidate's stages (the same gate, judge_case), against
-FLA's stage functions. A stage passes, fails (any verdict but pass, unsupported and not-judged),
-or was not given (the candidate's stages decline it: unsupported, or no record). `parity
-localise` (parity.cli.localise) runs the cases and prints it; the page shows it beside the op.
+FLA's stage functions. A stage passes, fails for a numerical reason (nan-inf, fail-accuracy,
+fail-bound) or a compile reason (compile-error, numerics-mismatch: it does not compile for a TPU
+target, or not as the numerics model says), could not be judged (an error, a timeout, an
+undecided bound, a refused record: listed with the reason), or was not given (the candidate's
+stages decline it: unsupported, or no record). The first stage that fails names where the op went
+wrong. `parity localise` (parity.cli.localise) runs the cases and prints it; the page shows it
+beside the op.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from parity.model.spec import REFERENCE
 from parity.records import UNJUDGED
 
 PASSED = "pass"
+NUMERICAL = ("nan-inf", "fail-accuracy", "fail-bound")
+COMPILE = ("compile-error", "numerics-mismatch")
 
 
 def _judged(case: Case, records: dict, compiles: dict, candidate: str, factor: float) -> dict:
@@ -36,7 +42,7 @@ def _judged(case: Case, records: dict, compiles: dict, candidate: str, factor: f
     out["repro"] = recs[candidate].get("repro", "")
     broken = [f for f in judged.compile_failures if f.candidate == candidate]
     if broken:  # a TPU compile failure: its message and the command that repeats the compile
-        out["verdict"] = out["verdict"] if failed(out["verdict"]) else broken[0].verdict
+        out["verdict"] = out["verdict"] if out["verdict"] in NUMERICAL else broken[0].verdict
         out.setdefault("detail", (broken[0].detail.splitlines() or [""])[0][:240])
         out["repro"] = broken[0].repro or out["repro"]
     tensor = deciding_tensor(entry) if entry.get("tensors") else None
@@ -68,7 +74,8 @@ def localise_stages(
     stages = []
     for sc in stage_cases(case):
         stages.append({"stage": sc.stage, **_judged(sc, records, compiles, stage_candidate, factor)})
-    first = next((s for s in stages if failed(s["verdict"])), None)
+    first = next((s for s in stages if s["verdict"] in NUMERICAL + COMPILE), None)
+    given = [s for s in stages if s["verdict"] not in ("unsupported", "missing")]
     return {
         "case": case.id,
         "candidate": candidate,
@@ -76,7 +83,12 @@ def localise_stages(
         "op": op,
         "stages": stages,
         "first": first["stage"] if first else None,
-        "given": [s["stage"] for s in stages if s["verdict"] not in ("unsupported", "missing")],
+        "given": [s["stage"] for s in given],
+        "not_judged": [
+            {"stage": s["stage"], "verdict": s["verdict"], "why": s.get("detail") or s.get("why") or ""}
+            for s in given
+            if s["verdict"] not in (PASSED, *NUMERICAL, *COMPILE)
+        ],
     }
 
 
@@ -85,16 +97,19 @@ def describe(result: dict) -> str:
     op = result["op"]
     lines = [f"{result['case']}  {result['candidate']}: {op['verdict']}" + _figures(op)]
     for s in result["stages"]:
-        mark = "<- first over its bound" if s["stage"] == result["first"] else ""
+        mark = "<- the first that fails" if s["stage"] == result["first"] else ""
         lines.append(f"  {s['stage']:<14} {s['verdict']:<14}{_figures(s)} {mark}".rstrip())
     if result["first"]:
         first = next(s for s in result["stages"] if s["stage"] == result["first"])
-        lines.append(f"first stage over its bound: {result['first']} ({first['case_id']})")
+        reason = "does not compile" if first["verdict"] in COMPILE else "over its bound"
+        lines.append(f"first stage that fails: {result['first']}, {first['verdict']}: {reason} ({first['case_id']})")
         lines.append(f"  repro: {first['repro']}")
     elif not result["given"]:
         lines.append(f"no stage ran: {result['stage_candidate']} gives none of this op's stages")
-    elif failed(op["verdict"]):
+    elif failed(op["verdict"]) and not result.get("not_judged"):
         lines.append("every stage given is within its bound: the op's error is in how the stages are put together")
+    for s in result.get("not_judged", []):
+        lines.append(f"not judged: {s['stage']}: {s['verdict']}" + (f": {s['why']}" if s["why"] else ""))
     return "\n".join(lines)
 
 

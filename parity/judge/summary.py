@@ -76,10 +76,11 @@ def format_summary(result: dict) -> str:
 
 def failure_lines(f: dict) -> str:
     """A gate failure (Failure.as_dict) as text: 'FAIL CASE [candidate] tensor: verdict, decided by
-    RULE: its figures', the epsilons and tolerance, and where the error is."""
+    RULE: its figures', the epsilons and tolerance, where the error is, and the command that
+    reproduces it."""
     head = f"  FAIL {f['case_id']} [{f['candidate']}]"
     if f["tensor"] is None:
-        return f"{head} {f['verdict']}: {f['detail']}"
+        return f"{head} {f['verdict']}: {f['detail']}" + (f"\n       repro: {f['repro']}" if f.get("repro") else "")
     figures = f"eps_candidate={fmt(f['eps_candidate'])} eps_reference={fmt(f['eps_reference'])} tol={fmt(f['tol'])}"
     if not f.get("why"):  # a failure without its rule: the ratio and its interval
         figures += f" ratio={fmt(f['ratio'])}{_interval(f)}"
@@ -88,6 +89,7 @@ def failure_lines(f: dict) -> str:
         + (f", decided by {f['why']}" if f.get("why") else "")
         + f"\n       {figures}"
         + (f"\n       at: {describe_localisation(f['localisation'])}" if f.get("localisation") else "")
+        + (f"\n       repro: {f['repro']}" if f.get("repro") else "")
     )
 
 

@@ -601,6 +601,28 @@ def _compute_rule(j: dict | None, verdict: str) -> str:
     return "rounding"
 
 
+def describe_bound_quantity(b: dict, candidate: str, reference: str) -> str:
+    """What the bound compares, with its limit, in one line: the compute errors (the error apart
+    from the output's rounding, over the seeds judged) or, where the reference's is at the rounding
+    level, the epsilons pooled over those seeds; '' where no compute error was judged. A limit
+    printed this way is never under the very figure of the reference it is made from."""
+    j, rr = b.get("compute") or {}, b.get("rel_rms") or {}
+    if not j or rr.get("limit") is None:
+        return ""
+    seeds = f"over {j['seeds']} seed(s)"
+    if j["method"] == "ratio":
+        return (
+            f"bound on the compute error (the error apart from the output's rounding), {seeds}: "
+            f"c_{candidate} = {fmt(rr['candidate'])} vs limit {fmt(rr['limit'])} = factor {fmt(b.get('factor'))} "
+            f"x c_{reference} = {fmt(rr['reference'])}"
+        )
+    return (
+        f"bound on epsilons pooled {seeds} ({reference}'s compute error at the rounding level): "
+        f"eps_{candidate} = {fmt(rr['candidate'])} vs limit {fmt(rr['limit'])} = factor {fmt(b.get('factor'))} "
+        f"x eps_{reference} = {fmt(rr['reference'])} + the output's rounding floor"
+    )
+
+
 def describe_bound(b: dict) -> str:
     """The rule that decided bound `b` (its "rule") with the figures it used, in one line."""
     rule, j, m = b.get("rule"), b.get("compute") or {}, b.get("max_abs") or {}

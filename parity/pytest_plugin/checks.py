@@ -53,7 +53,7 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
     then judges, and the paragraph says so)."""
     # late: numpy and scipy, only when parity tests run
     from parity.judge.case import tolerance_rule
-    from parity.measure.compare import describe_localisation, fmt
+    from parity.measure.compare import describe_bound_quantity, describe_localisation, fmt
     from parity.measure.compute_error import describe as describe_compute
 
     ref = records.get(REFERENCE)
@@ -77,12 +77,12 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
             rt = (ref or {}).get("tensors", {}).get(tname, {})
             w = (t.get("worst") or [{}])[0]
             b = (bound_entry or {}).get("bound") or {}
-            rr = b.get("rel_rms") or {}
             localisation = (bound_entry or {}).get("localisation") or t.get("localisation")
             eps = f"  eps_{name} (rel_rms) = {fmt(t.get('rel_rms'))}   eps_{REFERENCE} = {fmt(rt.get('rel_rms'))}"
             eps += f"   tol = {fmt(t.get('tol'))}"
-            if rr:
-                eps += f"   bound limit = {fmt(rr.get('limit'))} (factor {b.get('factor')})"
+            quantity = describe_bound_quantity(b, name, REFERENCE)
+            if quantity:
+                eps += f"\n  {quantity}"
             if b.get("compute"):
                 eps += f"\n  {describe_compute(b['compute'])}"
             why = (bound_entry or {}).get("why") or f"{tolerance_rule(t)[1]} ({TOLERANCE_ONLY}: no gate for this case)"

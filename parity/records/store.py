@@ -172,11 +172,14 @@ def base_record(case, backend_spec, backend: str, side: str, input_hash: str, ru
     }
 
 
-def compile_repro_command(case_id: str, backend_spec, targets) -> str:
+def compile_repro_command(case_id: str, backend_spec, targets, out_dir: Path | None = None) -> str:
+    """`parity compile` of this one case and candidate alone (a --candidate compiles without the
+    built-in kernels), for the targets, into `out_dir` (the run's own directory) where given."""
     spec = as_spec(backend_spec)
     cmd = ["parity", "compile", "--case", case_id]
     cmd += ["--candidate", spec.text] if spec.is_candidate_spec else ["--backends", spec.text]
-    return " ".join(shlex.quote(c) for c in cmd + ["--tpu-targets", ",".join(targets)])
+    cmd += ["--tpu-targets", ",".join(targets)] + (["--out", str(out_dir)] if out_dir is not None else [])
+    return " ".join(shlex.quote(c) for c in cmd)
 
 
 def check_dirs(dirs: list[Path]) -> None:

@@ -196,7 +196,10 @@ class JaxCandidate:
     """A user's jax function in FLA's convention, run in TPU interpret mode when no TPU.
 
     framework 'pallas' says it is a Pallas TPU kernel: its compiled TPU module must contain a
-    Mosaic kernel; 'jax' is any jax code (plain XLA is fine)."""
+    Mosaic kernel; 'jax' is any jax code (plain XLA is fine). A function may say otherwise for
+    itself with a `framework` attribute ("jax" or "pallas"): a library's stage module that is part
+    Pallas, part plain JAX (`fn.framework = "jax"`) is judged function by function, each on its
+    numbers, the plain-JAX ones labelled as XLA, never passed as kernels."""
 
     side = "candidate"
 
@@ -206,6 +209,13 @@ class JaxCandidate:
     def function(self, case: Case) -> Callable:
         """The function the candidate runs for `case` (calling.candidate_function)."""
         return candidate_function(self.fn, parse_backend_spec(self.spec), case)
+
+    def claims_tpu_kernels(self, fn: Callable) -> bool:
+        """Whether fn must run as Pallas TPU kernels: its own `framework`, else the candidate's."""
+        framework = getattr(fn, "framework", self.framework)
+        if framework not in ("jax", "pallas"):
+            raise ValueError(f"{getattr(fn, '__name__', fn)}.framework = {framework!r}: expected 'jax' or 'pallas'")
+        return framework == "pallas"
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         fn = self.function(case)
@@ -218,7 +228,7 @@ class JaxCandidate:
                 run_as,
                 inputs,
                 self.spec,
-                tpu_kernels=self.framework == "pallas",
+                tpu_kernels=self.claims_tpu_kernels(fn),
                 module=parse_backend_spec(self.spec).module_function()[0],
             )
         return Execution(
@@ -238,4 +248,4 @@ class JaxCandidate:
     def compile_subject(self, case: Case) -> CompileSubject:
         fn = self.function(case)
         check_candidate_supports(fn, case)
-        return CompileSubject(fn, self.spec, expect_mosaic=self.framework == "pallas", forward_only=forward_only(fn))
+        return CompileSubject(fn, self.spec, expect_mosaic=self.claims_tpu_kernels(fn), forward_only=forward_only(fn))

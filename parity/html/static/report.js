@@ -67,7 +67,11 @@
     if (c.nan) return Infinity;
     return c[k] === undefined ? undefined : c[k];
   }
-  for (const b of data.backends) {
+  // candidates first, then the reference and the oracle: at 1280 px a candidate's verdict and where
+  // it fails are in view without scrolling the table sideways
+  const SIDE_ORDER = { candidate: 0, reference: 1, oracle: 2 };
+  const tableBackends = [...data.backends].sort((a, b2) => (SIDE_ORDER[data.sides[a]] ?? 3) - (SIDE_ORDER[data.sides[b2]] ?? 3));
+  for (const b of tableBackends) {
     const side = data.sides[b];
     // a candidate's verdict is the gate's (tolerance and bound) where the gate judged it; else the record's own
     const gated = rows.some(r => r.b[b] && r.b[b].g);
@@ -83,6 +87,11 @@
         }
         return td; } });
     if (side === "oracle") continue;
+    if (side === "candidate") {
+      columns.push({ key: b + ".l", label: "where", group: b,
+        title: "localisation of the failure: pattern, first chunk (token) and head over the tolerance or bound",
+        get: r => r.b[b] ? r.b[b].l : undefined, text: r => r.b[b] && r.b[b].l });
+    }
     columns.push({ key: b + ".t", label: "worst", group: b, title: "the tensor furthest above its tolerance (NaN/Inf first)",
       get: r => r.b[b] ? r.b[b].t : undefined, text: r => r.b[b] && r.b[b].t });
     columns.push({ key: b + ".e", label: "rel_rms", group: b, num: true, title: "rel_rms of the worst tensor against the float64 oracle",
@@ -94,9 +103,6 @@
         title: "max over tensors of eps_candidate / (factor x eps_reference + floor), rel_rms and max_abs; above 1 fails the bound",
         get: r => r.b[b] ? r.b[b].r : undefined,
         text: r => r.b[b] && fmt(r.b[b].r), warn: r => r.b[b] && r.b[b].r > 1 });
-      columns.push({ key: b + ".l", label: "where", group: b,
-        title: "localisation of the failure: pattern, first chunk (token) and head over the tolerance or bound",
-        get: r => r.b[b] ? r.b[b].l : undefined, text: r => r.b[b] && r.b[b].l });
     }
   }
 
@@ -175,6 +181,7 @@
           td = el("td", { class: c.num ? "num" : "" }, c.text ? c.text(r) : c.get(r));
           if (c.warn && c.warn(r)) td.classList.add("over");
         }
+        td.dataset.key = c.key;  // the column's key, as its header's data-key
         tr.appendChild(td);
       }
       frag.appendChild(tr);
@@ -329,13 +336,15 @@
     }
   }
 
-  function renderStages(d) {  // an op case whose stage cases ran: each candidate's stages in order, the first over its bound
+  function renderStages(d) {  // an op case whose stage cases ran: each candidate's stages in order, the first that fails
+    if (d.stages_error) add(body, "p", { class: "note" }, d.stages_error);
     for (const loc of d.stages || []) {
       add(body, "h3", { class: "stages" }, `Stages of ${loc.candidate} (${loc.stage_candidate})`);
       const link = s => { const a = el("a", { href: "#case=" + encodeURIComponent(s.case_id) }, s.stage); return a; };
       const verdict = s => { const span = el("span"); span.appendChild(chip(s.verdict)); return span; };
       gridTable(body, ["stage", "verdict", "decided by", "where", ""], loc.stages.map(s => [
-        link(s), verdict(s), s.why || s.detail || "–", s.where || "–", s.stage === loc.first ? "first over its bound" : ""]), "stages");
+        link(s), verdict(s), s.why || s.detail || "–", s.where || "–", s.stage === loc.first ? "the first that fails" : ""]), "stages");
+      for (const n of loc.not_judged || []) add(body, "p", { class: "note" }, `not judged: ${n.stage}: ${n.verdict}${n.why ? ": " + n.why : ""}`);
       if (loc.first) {
         const first = loc.stages.find(s => s.stage === loc.first);
         const div = add(body, "div", { class: "repro" });
