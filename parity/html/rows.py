@@ -28,25 +28,25 @@ def _ordered_counts(counter: Counter) -> dict:
 
 # where a record says it ran (BackendResult.platform), in words: an emulator is never a GPU or TPU
 PLATFORM_WORDS = {
-    "cpu:triton-interpreter": "the Triton interpreter on a CPU",
-    "cpu:tpu-interpret": "TPU interpret mode on a CPU",
+    "cpu:triton-interpreter": "a CPU, in the Triton interpreter",
+    "cpu:tpu-interpret": "a CPU, in TPU interpret mode",
     "cpu": "a CPU",
 }
 FAILING_SHOWN = 12  # failing checks the gate card lists (the case table holds the rest)
 
 
 def platform_words(platform: str) -> str:
-    """'cuda:NVIDIA H100 ...' -> 'CUDA on NVIDIA H100 ...', 'tpu:TPU v5 lite' -> 'a TPU (TPU v5 lite)',
-    the CPU emulators by name (PLATFORM_WORDS); anything else as it is."""
+    """'cuda:NVIDIA H100 ...' -> 'a GPU: CUDA on NVIDIA H100 ...', 'tpu:TPU v5 lite' -> 'a TPU (TPU v5
+    lite)', the CPU emulators by name (PLATFORM_WORDS); anything else as it is."""
     if platform in PLATFORM_WORDS:
         return PLATFORM_WORDS[platform]
     kind, _, device = platform.partition(":")
-    return {"cuda": f"CUDA on {device}", "tpu": f"a TPU ({device})"}.get(kind, platform)
+    return {"cuda": f"a GPU: CUDA on {device}", "tpu": f"a TPU ({device})"}.get(kind, platform)
 
 
 def where_sides_ran(by_case: dict) -> dict[str, str]:
     """{"reference": ..., "candidates": ...}: each backend of that side and where its records say it
-    ran, in words, e.g. 'fla in the Triton interpreter on a CPU'."""
+    ran, in words, e.g. 'fla on a CPU, in the Triton interpreter'."""
     ran: dict[str, dict[str, Counter]] = {"reference": defaultdict(Counter), "candidate": defaultdict(Counter)}
     for recs in by_case.values():
         for name, r in recs.items():

@@ -160,7 +160,7 @@ class FlaBackend:
         else:
             numerics = (
                 f"triton-interpreter-gpu-v3 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, "
-                "fixed-order float64 dots, H100 tiles)"
+                "fixed-order fp32 dots, H100 tiles)"
             )
         return Execution(
             tensors=tensors,

@@ -84,7 +84,7 @@ def what_the_bits_depend_on() -> str:
     simd = np.__config__.CONFIG.get("SIMD Extensions", {})
     found = ", ".join(simd.get("found", [])) or "none"
     return (
-        "the same under any BLAS kernel (dots summed in a fixed order); numpy's elementwise functions "
+        "the same under any BLAS kernel (dots accumulated in a fixed order); numpy's elementwise functions "
         f"(exp, log, ...) by its SIMD code for {found} (baseline {', '.join(simd.get('baseline', []))}): "
         "a processor with other SIMD features can change last bits"
     )
