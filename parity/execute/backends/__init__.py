@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from parity.execute import tpu_identity
+from parity.execute import isolation, tpu_identity
 from parity.execute.backends.base import Backend, BackendResult, CompileSubject, Execution, execute
 
 # every backend module is light at import: jax, torch, triton and fla load when a backend runs
@@ -57,8 +57,8 @@ def load_candidate_function(spec: BackendSpec | str):
     module, func = spec.module_function()
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    try:
-        mod = _import_on_the_tpu_host(spec, module)
+    try:  # what the import changes in the process applies to this candidate's calls alone
+        mod = isolation.imported(module, lambda: _import_on_the_tpu_host(spec, module))
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
         problem = f"cannot import module {module!r}: {type(e).__name__}: {e}"
         raise SpecError("candidate", spec.text, "", problem) from None

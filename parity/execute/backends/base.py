@@ -8,6 +8,7 @@ ran. `execute` wraps a backend call so that any failure becomes a record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cases import Case, output_tensors
+from parity.execute import isolation
 from parity.execute.stack_room import call_with_stack_room
 from parity.measure.tol import output_dtype
 from parity.model.spec import KernelCall, Unsupported
@@ -114,11 +116,20 @@ def check_tensors(
 
 
 def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> BackendResult:
-    """Run one backend on one case; exceptions, unsupported cases and bad outputs become records."""
+    """Run one backend on one case; exceptions, unsupported cases and bad outputs become records.
+    The backend gets its own copy of the inputs (a kernel that writes into them, or donates them,
+    changes nothing for the next); a user's candidate (one with a `module`) runs with its module's
+    import-time changes to the process in force and the process put back after it
+    (parity.execute.isolation), what it changed noted (notes.global_state)."""
     t0 = time.perf_counter()
     base = dict(backend=backend.name, side=backend.side, tensors={})
+    module = getattr(backend, "module", None)
     try:
-        ex = call_with_stack_room(backend.run, case, inputs)  # as fast at any caller's depth
+        own = {name: np.array(a, copy=True) for name, a in inputs.items()}
+        with isolation.isolated(module) if module else contextlib.nullcontext({}) as state:
+            ex = call_with_stack_room(backend.run, case, own)  # as fast at any caller's depth
+        if state:
+            ex = dataclasses.replace(ex, notes={**ex.notes, "global_state": state})
         absent = {**ex.notes.get("unsupported_tensors", {}), **ex.notes.get("not_judged", {})}
         tensors = check_tensors(case, ex.tensors, absent, exact_dtypes=backend.side != "oracle")
     except Unsupported as e:

@@ -210,6 +210,11 @@ class JaxCandidate:
         """The function the candidate runs for `case` (calling.candidate_function)."""
         return candidate_function(self.fn, parse_backend_spec(self.spec), case)
 
+    @property
+    def module(self) -> str:
+        """The candidate's module (parity.execute.isolation keeps what its import changed to its calls)."""
+        return parse_backend_spec(self.spec).module_function()[0]
+
     def claims_tpu_kernels(self, fn: Callable) -> bool:
         """Whether fn must run as Pallas TPU kernels: its own `framework`, else the candidate's."""
         framework = getattr(fn, "framework", self.framework)

@@ -26,6 +26,11 @@ class TorchCandidate:
     def __init__(self, name: str, fn: Callable, spec: str):
         self.name, self.fn, self.spec = name, fn, spec
 
+    @property
+    def module(self) -> str:
+        """The candidate's module (parity.execute.isolation keeps what its import changed to its calls)."""
+        return parse_backend_spec(self.spec).module_function()[0]
+
     def function(self, case: Case) -> Callable:
         """The function the candidate runs for `case` (calling.candidate_function)."""
         return candidate_function(self.fn, parse_backend_spec(self.spec), case)
