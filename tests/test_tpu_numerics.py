@@ -5,6 +5,7 @@ float64), inside and outside Pallas kernels, and through the gate."""
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -147,7 +148,10 @@ def _gate(tmp, numerics):
         "default=jax:tests.example_candidates:chunked_jax_default",
         "highest=jax:tests.example_candidates:chunked_jax_highest",
     ]
+    before = os.environ.get(tpu_numerics.ENV)
     run(CASES, specs, tmp, numerics=numerics)
+    # the model is the run's, exported to its workers only: a later run in this process gets its own
+    assert os.environ.get(tpu_numerics.ENV) == before
     return evaluate(load([tmp]))
 
 

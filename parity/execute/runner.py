@@ -42,8 +42,8 @@ from parity.execute.backends import as_spec, parse_specs
 from parity.execute.backends.oracle import cache_dir
 from parity.execute.pool import WorkerPool
 from parity.execute.worker import CaseEnded, Done
+from parity.measure import tpu_numerics
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
-from parity.measure.tpu_numerics import ENV, check_model
 from parity.records import SCHEMA_VERSION, encode_nonfinite, write_json
 from parity.records.manifest import write_manifest
 
@@ -186,7 +186,8 @@ def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Call
     'SIGTERM' when a signal ended the run early. cfg is not changed."""
     run = _plan(cases, cfg, schedule)
     run.write_manifest()
-    drained = _drain(run)
+    with tpu_numerics.exported(cfg.numerics):  # the workers inherit it, for this run only
+        drained = _drain(run)
     return _summary(run, drained)
 
 
@@ -223,11 +224,11 @@ class _Run:
 
 
 def _plan(cases: list[Case], cfg: RunConfig, schedule) -> _Run:
-    """Parse the backends (the oracle first), export the numerics model the workers read, plan the units."""
+    """Parse the backends (the oracle first), check the numerics model, plan the units."""
     given = [as_spec(s) for s in cfg.backends]
     specs = parse_specs(["oracle"]) + parse_specs([s for s in given if s.side != "oracle"])
-    if cfg.numerics:  # workers inherit it (parity.measure.tpu_numerics reads it on first use)
-        os.environ[ENV] = check_model(cfg.numerics)
+    if cfg.numerics:
+        tpu_numerics.check_model(cfg.numerics)
     return _Run(list(cases), cfg, cfg.run_id or uuid.uuid4().hex[:12], specs, schedule(cases, specs[1:]))
 
 

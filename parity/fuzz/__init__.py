@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import os
 import shutil
 import sys
 import time
@@ -66,7 +65,7 @@ from parity.fuzz.found import FOUND_FILE, append_found, read_found, save_found
 from parity.fuzz.judgement import NOT_EVALUATED, Judgement, judge
 from parity.fuzz.page import write_page
 from parity.fuzz.search import CaseRunner, FuzzFailure, Search
-from parity.measure.tpu_numerics import ENV, check_model
+from parity.measure import tpu_numerics
 from parity.records import write_json
 
 
@@ -128,12 +127,11 @@ def run_fuzz(cfg: FuzzConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     read_found(out / FOUND_FILE)  # refuse a malformed found.json before searching
-    if cfg.numerics:  # workers inherit it (parity.measure.tpu_numerics reads it on first use), as in run_cases
-        os.environ[ENV] = check_model(cfg.numerics)
     t0 = time.perf_counter()
     searches = []
-    for op in cfg.ops:
-        searches += run_searches(cfg, op)
+    with tpu_numerics.exported(cfg.numerics):  # the workers inherit it, for this search only, as in run_cases
+        for op in cfg.ops:
+            searches += run_searches(cfg, op)
     found, seen = [], set()
     for s in searches:
         if s["minimal"] and s["minimal"] not in seen:

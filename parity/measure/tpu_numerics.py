@@ -66,6 +66,24 @@ def check_model(name: str) -> str:
     return name
 
 
+@contextlib.contextmanager
+def exported(model: str | None):
+    """`model` in the environment (ENV) while inside, for the worker processes a run starts there
+    to inherit; the variable as it was after. None: nothing changes (the workers inherit what is set)."""
+    if not model:
+        yield
+        return
+    before = os.environ.get(ENV)
+    os.environ[ENV] = check_model(model)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
 def active() -> str:
     """The model the TPU side computes under in this process (installs it on first use)."""
     if _state["model"] is None:
