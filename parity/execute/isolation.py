@@ -16,10 +16,10 @@ numbers depend on:
                              submodule imported meanwhile, or a function of the harness's own
                              code, is no change)
 
-`imported(load)` imports a candidate's module, notes what its import changed and puts the process
-back; `isolated(at_import)` runs one call of that candidate with its import-time changes in force
-and puts the process back after it, noting what the call itself changed. Measured cost: about a
-millisecond per call (tests/test_isolation.py).
+`imported(module, load)` imports a candidate's module, notes what its import changed and puts the
+process back; `isolated(module)` runs one call of that candidate with its import-time changes in
+force and puts the process back after it, noting what the call itself changed. Measured cost:
+about 4 ms per call (a snapshot 0.25 ms, comparing two 1.8 ms, over 3436 attributes here).
 """
 
 from __future__ import annotations
@@ -244,15 +244,16 @@ def isolated(module: str) -> Iterator[dict]:
     try:
         yield notes
     finally:
-        by_call = changes(applied, capture())
-        undo = changes(before, capture())
-        problems = put(list(reversed(undo)), "before")
+        after = capture()
+        by_call = changes(applied, after)
+        problems = put(list(reversed(changes(before, after))), "before")
+        numerics = numerics_used(at_import, by_call)
         if at_import:
             notes["at_import"] = [c.describe() for c in at_import]
         if by_call:
             notes["by_call"] = [c.describe() for c in by_call]
-        if numerics_used(at_import, by_call):
-            notes["numerics"] = numerics_used(at_import, by_call)
+        if numerics:
+            notes["numerics"] = numerics
         if IMPORTED.get(module, []) is None:
             notes["at_import_unseen"] = (
                 f"{module} was imported before this candidate was loaded (by another module or a test file): "
