@@ -32,6 +32,12 @@ if [ ! -f "$stamp" ]; then
     "ejkernel==0.0.80.3" "beartype==0.23.1" "jaxtyping==0.3.11" "wadler_lindig==0.1.8"
   "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/gdn2-pallas-0.1.1" "gdn2-pallas==0.1.1"
   "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/atomic-ops-0.2.0" "atomic-ops==0.2.0"
+  # the older Triton versions tested (3.6.0: torch 2.11's; 3.7.1: torch 2.12.1's; 3.9.0 is the
+  # environment's own), the same way: each into its own --target directory, never into the
+  # environment (pip would replace torch's own Triton); tests/test_triton_versions.py runs FLA
+  # through the interpreter under each by putting its directory first on PYTHONPATH
+  "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/triton-3.6.0" "triton==3.6.0"
+  "$VPY" -m pip install -q --no-deps --upgrade --target "$ROOT/.venv/pkgs/triton-3.7.1" "triton==3.7.1"
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     # the real TPU compiler (deviceless compile for TPU targets): the libtpu jax's own `tpu`
     # extra pins for the installed jax, never a newer one; execution stays on the CPU

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,46 @@ SMALL_BF16 = Case("simple_gla", 1, 64, 1, 64, 64, dtype="bfloat16", h0=True, ht=
 
 def run(cases, backends, out: Path, **kw) -> dict:
     return run_cases(list(cases), RunConfig(out_dir=out, backends=list(backends), progress=False, **kw))
+
+
+# FLA on cases in a fresh Python process, as the harness runs a backend (execute) and records it
+# (_record, against the cached float64 oracle): per case id the record's status, platform, versions,
+# verdict and error, and the sha256 of each output tensor's bytes
+_FLA_IN_A_PROCESS = """
+import hashlib, json, sys, time
+from parity.execute.backends import triton_interpreter
+triton_interpreter.enable()  # before anything imports triton or fla
+from cases import Case, input_hash
+from parity.execute.backends import execute
+from parity.execute.backends.fla import FlaBackend
+from parity.execute.backends.oracle import cached_oracle
+from parity.execute.case import _record
+from parity.model.inputs import case_inputs
+from references import error_scales
+out = {}
+for cid in sys.argv[1:]:
+    case = Case.from_id(cid)
+    inputs = case_inputs(case)
+    result = execute(FlaBackend(), case, inputs)
+    oracle = cached_oracle(case, inputs)[0]
+    rec = _record(case, "fla", result, oracle, input_hash(inputs), "test", error_scales(oracle))
+    out[cid] = {
+        "record": {k: rec[k] for k in ("status", "platform", "versions", "verdict", "error", "wall_time_s")},
+        "launches": rec["notes"].get("fla_launches"),
+        "sha256": {n: hashlib.sha256(t.tobytes()).hexdigest() for n, t in sorted(result.tensors.items())},
+    }
+print(json.dumps(out))
+"""
+
+
+def fla_in_a_process(case_ids, env: dict[str, str] | None = None) -> dict:
+    """Run FLA (the CPU interpreter path) on each case id in a fresh Python process with the
+    environment `env` (default: this process's): case id -> {"record": its record's status,
+    platform, versions, verdict, error and wall_time_s; "launches": its notes.fla_launches; "sha256":
+    tensor name -> sha256 of its bytes}."""
+    done = subprocess.run([sys.executable, "-c", _FLA_IN_A_PROCESS, *case_ids], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def record_from_tensors(

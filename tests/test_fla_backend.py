@@ -9,7 +9,6 @@ gradient, in float32 and bfloat16.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from parity.execute.backends.fla import FlaBackend, fla_chunk_size
 from parity.execute.backends.oracle import cached_oracle
 from parity.measure.compare import compare_tensor
 from parity.model.spec import Unsupported
+from tests.helpers import fla_in_a_process
 
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():
@@ -246,20 +246,6 @@ _BLAS_CASES = (
     "gla-fwdbwd-B1-T80-H2-K64-V128-bf16-C64-g_logsig-h0-ht",
     "kda:bwd_dAv-fwd-B2-T128-H2-K64-V64-bf16-C64-g_logsig-h0-ht",
 )
-_FLA_BITS = """
-import hashlib, json, sys
-from cases import Case
-from parity.execute.backends import triton_interpreter
-from parity.execute.backends.fla import FlaBackend
-from parity.model.inputs import case_inputs
-triton_interpreter.enable()
-out = {}
-for cid in sys.argv[1:]:
-    case = Case.from_id(cid)
-    tensors = FlaBackend().run(case, case_inputs(case)).tensors
-    out[cid] = {n: hashlib.sha256(t.tobytes()).hexdigest() for n, t in sorted(tensors.items())}
-print(json.dumps(out))
-"""
 
 
 def test_fla_bits_do_not_depend_on_the_blas_kernel():
@@ -271,9 +257,7 @@ def test_fla_bits_do_not_depend_on_the_blas_kernel():
         env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
         if coretype:
             env.update(OPENBLAS_CORETYPE=coretype, OPENBLAS_L2_SIZE="512")
-        done = subprocess.run([sys.executable, "-c", _FLA_BITS, *_BLAS_CASES], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        runs.append({c: r["sha256"] for c, r in fla_in_a_process(_BLAS_CASES, env).items()})
     haswell, native = runs
     assert set(haswell) == set(_BLAS_CASES) and all(haswell[c] for c in _BLAS_CASES)
     assert haswell == native

@@ -32,7 +32,7 @@ from parity.records import SCHEMA_VERSION
 ROOT = Path(__file__).resolve().parents[1]
 CASE = "simple_gla-fwd-B1-T96-H2-K64-V64-fp32-C64-g_stress"  # a smoke case, forward only
 OPTIONS = ["suite", "cases", "op", "max-elements", "max-bytes", "report-dir", "candidate", "backends", "bound-factor"]
-OPTIONS += ["tpu-targets", "tpu-interpret-as"]
+OPTIONS += ["tpu-targets", "tpu-interpret-as", "allow-unbounded-reference"]
 PARITY_TEST = """
 import pytest
 
@@ -80,6 +80,9 @@ def test_options_are_in_a_parity_group_with_the_parity_prefix_and_markers_are_re
         (["--parity-candidate", "nonsense"], "--parity-candidate 'nonsense': expected NAME=FRAMEWORK:MODULE:FUNCTION"),
         (["--parity-tpu-targets", "v9"], "--parity-tpu-targets 'v9': 'v9' is not a target"),
         (["--parity-cases=missing.json"], "--parity-cases 'missing.json': expected a JSON file"),
+        (["--parity-fla-lanes", "two"], "--parity-fla-lanes 'two': expected auto or an int >= 0"),
+        (["--parity-fla-fallback", "gpu"], "--parity-fla-fallback 'gpu': expected none or interpreter"),
+        (["--parity-fla-configs=missing.json"], "--parity-fla-configs 'missing.json':"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it_and_the_allowed_values(plugged, args, message):
@@ -246,3 +249,18 @@ def test_gpu_and_tpu_markers_skip_here_with_the_reason(tmp_path):
         p = _pytest("-m", marker, "--parity-suite", "smoke", tmp_path=tmp_path)
         assert p.returncode == 0, p.stdout[-2000:]
         assert f"{len(get_suite('smoke'))} skipped" in p.stdout and reason in p.stdout
+
+
+def test_a_session_runs_fla_through_its_lanes(tmp_path):
+    """--parity-fla-lanes 1: the session's FLA calls go to one lane the controller started (here FLA in
+    the interpreter), whose record says so, and the session passes as without it."""
+    case = "simple_gla-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig-h0-ht"
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([case]))
+    p = _pytest(
+        "-m", "interpret", "--parity-backends=oracle,fla", f"--parity-cases={cases}", "--parity-fla-lanes=1",
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rec = json.loads((tmp_path / "reports" / "fla" / f"{case}.json").read_text())
+    assert rec["status"] == "ok" and "FLA lane for cpu" in rec["notes"]["fla_lane"]

@@ -1,6 +1,6 @@
 """GDN's chunk stages under FLA 0.6.0's names and keyword calling convention (cases/stages/gdn.py).
 
-Each stage runs one Pallas kernel of stage_kernels.py (local_cumsum: a plain jnp cumsum, as the
+Each stage runs one Pallas kernel of stage_kernels.py (local_cumsum: a compensated jnp scan, as the
 whole-op path does it): a thin adapter that plans the layout on the host (kernels_jax/common/
 layout.py; cu_seqlens must be concrete), packs FLA's [B, T, H, D] tensors into the kernels'
 head-major chunk layout [HV, NT * C, D] (q, k repeated to the HV value heads; head dims padded
@@ -147,7 +147,7 @@ def _group_sum(p: _Plan, x):
 def chunk_local_cumsum(g, chunk_size, scale=None, reverse=False, cu_seqlens=None, **unused):
     """g [B, T, HV] -> g_cumsum [B, T, HV] float32: the cumsum of g within each chunk (each
     sequence's chunks start at its first token; reversed: from each chunk's end), times scale
-    when given. A plain jnp cumsum on the packed layout (parity.model.kernels.XLA_STAGES)."""
+    when given. A compensated jnp scan on the packed layout (parity.model.kernels.XLA_STAGES)."""
     return stage_layout.chunk_local_cumsum("gdn", g, chunk_size, scale, reverse, cu_seqlens)
 
 

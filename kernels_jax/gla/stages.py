@@ -79,7 +79,7 @@ def _prepare(stage, x, y, *, g=None, scale=None, h0=None, cu_seqlens=None, chunk
 def chunk_local_cumsum(g, chunk_size, reverse=False, scale=None, cu_seqlens=None, **unused):
     """g [B, T, H, K] (or [B, T, H]) -> [B, T, H, K] float32: the cumsum of g within each chunk
     (each sequence's chunks start at its first token; reversed: from each chunk's end), times
-    scale when given. A plain jnp cumsum on the packed layout (an XLA stage, not a Pallas kernel)."""
+    scale when given. A compensated jnp scan on the packed layout (an XLA stage, not a Pallas kernel)."""
     return stage_layout.chunk_local_cumsum("gla", g, chunk_size, scale, reverse, cu_seqlens)
 
 

@@ -4,7 +4,7 @@ Each stage runs one Pallas kernel of stage_kernels.py: a thin adapter that plans
 the host (kernels_jax/common/config.prepare; cu_seqlens must be concrete), packs FLA's
 [B, T, heads, D] tensors into the kernels' head-major chunk layout [heads, NT * C, D] (head dims
 padded as chunk_kda pads them) and converts the results back, in FLA's dtypes. chunk_local_cumsum
-is a plain jnp cumsum (parity.model.kernels.XLA_STAGES).
+is a compensated jnp scan (parity.model.kernels.XLA_STAGES).
 
 Gates arrive as FLA's op passes them: gk / g [B, T, HV, K] the chunk-local cumsum of the op's
 log-decays times 1 / ln 2 (the kernels take exp2 of differences of it, as FLA's do); a chunk's
@@ -100,7 +100,7 @@ def _beta(beta, layout: ChunkLayout):
 def chunk_local_cumsum(g, chunk_size, scale=None, reverse=False, cu_seqlens=None, **unused):
     """g [B, T, HV, K] -> [B, T, HV, K] float32: the cumsum of g within each chunk (each sequence's
     chunks start at its first token; reversed: from each chunk's end), times scale when given.
-    A plain jnp cumsum on the packed layout (XLA_STAGES: not a Pallas kernel)."""
+    A compensated jnp scan on the packed layout (XLA_STAGES: not a Pallas kernel)."""
     return stage_layout.chunk_local_cumsum("kda", g, chunk_size, scale, reverse, cu_seqlens)
 
 

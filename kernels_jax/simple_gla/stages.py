@@ -94,8 +94,8 @@ def _log_decay(g, g_gamma, layout: ChunkLayout, gate_src, H: int):
 def chunk_local_cumsum(g, chunk_size, scale=None, reverse=False, cu_seqlens=None, **unused):
     """g [B, T, H] -> g_cumsum [B, T, H] float32: the cumsum of g within each chunk (each
     sequence's chunks start at its first token; reversed: from each chunk's end), times scale
-    when given. A plain jnp cumsum on the packed layout: not a Pallas kernel in this port (the
-    whole-op path cumsums in chunk.chunk_log_decay the same way)."""
+    when given. A compensated jnp scan on the packed layout (stage_layout.compensated_cumsum): not a
+    Pallas kernel in this port (the whole-op path cumsums in chunk.chunk_log_decay)."""
     return stage_layout.chunk_local_cumsum("simple_gla", g, chunk_size, scale, reverse, cu_seqlens)
 
 

@@ -21,6 +21,7 @@ from parity.cli import calibrate, cases, compile, diff, fuzz, gate, localise, mu
 from parity.cli.common import UsageError
 from parity.judge.diff import DiffRefusal
 from parity.judge.gate import GateRefusal
+from parity.model.host import keep_jax_on_the_cpu
 from parity.model.options import OptionError
 from parity.records import RecordError
 
@@ -110,6 +111,7 @@ def _internal_error(a) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_jax_on_the_cpu()  # before anything imports jax; the workers and FLA's lanes inherit it
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)

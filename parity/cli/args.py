@@ -62,6 +62,18 @@ def interpret_as(s: str) -> str:
     return _checked(options.interpret_as, s)
 
 
+def fla_lanes(s: str) -> int | None:
+    return _checked(options.fla_lanes, s)
+
+
+def fla_fallback(s: str) -> bool:
+    return _checked(options.fla_fallback, s)
+
+
+def fla_configs(s: str) -> Path | None:
+    return _checked(options.fla_configs, s)
+
+
 def shard(s: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in s.split("/"))

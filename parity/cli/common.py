@@ -66,6 +66,35 @@ def tpu_options(sp) -> None:
     )
 
 
+def fla_options(sp) -> None:
+    """How FLA runs on the reference side: its lanes, the fallback for cases CUDA refuses, pinned configs."""
+    sp.add_argument(
+        "--fla-lanes",
+        metavar="N",
+        type=check.fla_lanes,
+        default=None,
+        help="long-lived processes that run FLA for every worker (see docs/fla-on-gpu.md): auto (default: one "
+        "per CUDA GPU, none without one: FLA then runs in the workers) or N (on a CPU: N interpreter lanes)",
+    )
+    sp.add_argument(
+        "--fla-fallback",
+        metavar="WHERE",
+        type=check.fla_fallback,
+        default=False,
+        help="where a case goes that FLA on CUDA refuses for a known reason of its environment "
+        "(parity.model.fla_known): none (default: the record says why, the gate fails the pair) or "
+        "interpreter (FLA in Triton's interpreter on this machine, the record says so)",
+    )
+    sp.add_argument(
+        "--fla-configs",
+        metavar="FILE",
+        type=check.fla_configs,
+        default=None,
+        help="pin FLA's autotuned kernels to the configs in FILE (an FLA record of an earlier run, or a list "
+        "of its notes.fla_launches), so two runs or machines run FLA alike",
+    )
+
+
 def bound_factor_option(sp) -> None:
     sp.add_argument(
         "--bound-factor",

@@ -8,6 +8,7 @@ from pathlib import Path
 from parity.cli import args as check
 from parity.cli.common import bound_factor_option
 from parity.judge.gate import format_summary, run_gate
+from parity.model.options import ALLOW_UNBOUNDED_REFERENCE
 
 
 def add_parser(sub) -> None:
@@ -34,6 +35,7 @@ def add_parser(sub) -> None:
         help="pass a tensor whose bound stays undecided over the seeds its records hold (listed apart); "
         "by default it fails",
     )
+    sp.add_argument("--" + ALLOW_UNBOUNDED_REFERENCE.name, action="store_true", help=ALLOW_UNBOUNDED_REFERENCE.help)
     sp.set_defaults(fn=cmd_gate)
 
 
@@ -46,6 +48,7 @@ def cmd_gate(a) -> int:
         allow_partial=a.allow_partial,
         allow_mixed_numerics=a.allow_mixed_numerics,
         allow_inconclusive=a.allow_inconclusive,
+        allow_unbounded_reference=getattr(a, ALLOW_UNBOUNDED_REFERENCE.dest),
     )
     print(format_summary(result))
     return 0 if result["ok"] else 1

@@ -42,7 +42,15 @@ from parity.model.host import tpu_attached
 from parity.model.spec import MUTANT_PREFIX, REFERENCE
 from parity.mutants import BY_NAME, CATALOGUE, Mutant, catalogue_json
 from parity.mutants.order import case_order, cost
-from parity.records import RecordError, check_compile, check_result, read_checked, result_path, write_json
+from parity.records import (
+    UNBOUNDED_REFERENCE,
+    RecordError,
+    check_compile,
+    check_result,
+    read_checked,
+    result_path,
+    write_json,
+)
 
 
 def add_parser(sub) -> None:
@@ -121,9 +129,13 @@ def cmd_mutants(a) -> int:
     return 0 if result["caught"] == result["total"] and not result["unmutated_failures"] else 1
 
 
+NOT_A_CATCH = ("pass", "unsupported", UNBOUNDED_REFERENCE)  # unbounded-reference: the reference's environment's
+
+
 def _caught(entry: dict) -> bool:
-    """Whether a gate entry of a mutant catches it: any verdict but pass and unsupported."""
-    return entry["verdict"] not in ("pass", "unsupported")
+    """Whether a gate entry of a mutant catches it: any verdict but NOT_A_CATCH's (a tensor the
+    reference's environment left unbounded says nothing of the mutant)."""
+    return entry["verdict"] not in NOT_A_CATCH
 
 
 class MutantSchedule(Schedule):
@@ -256,10 +268,10 @@ def score(gate: dict, mutants: list[Mutant], schedule: MutantSchedule | None = N
             ran += 1
             if _caught(entry):
                 checks = sorted(
-                    {t["verdict"] for t in entry["tensors"].values() if t["verdict"] not in ("pass", "unsupported")}
+                    {t["verdict"] for t in entry["tensors"].values() if t["verdict"] not in NOT_A_CATCH}
                     or {entry["verdict"]}
                 )
-                tensors = sorted(n for n, t in entry["tensors"].items() if t["verdict"] not in ("pass", "unsupported"))
+                tensors = sorted(n for n, t in entry["tensors"].items() if t["verdict"] not in NOT_A_CATCH)
                 where = {n: describe_localisation(entry["tensors"][n].get("localisation")) for n in tensors}
                 caught.append(
                     {

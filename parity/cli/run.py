@@ -11,6 +11,7 @@ from parity.cli import args as check
 from parity.cli.common import (
     UsageError,
     bound_factor_option,
+    fla_options,
     interpret_as_option,
     interrupted_status,
     prepare_out,
@@ -29,6 +30,7 @@ from parity.judge.gate import GateRefusal, format_summary, run_gate
 from parity.measure.compare import fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.host import tpu_attached
+from parity.model.options import ALLOW_UNBOUNDED_REFERENCE
 from parity.model.spec import FRAMEWORKS
 from parity.records import UNJUDGED, RecordError
 
@@ -76,10 +78,16 @@ def add_parser(sub) -> None:
         action="store_true",
         help="the run's own gate passes a tensor whose bound stays undecided at MAX seeds (listed apart)",
     )
+    sp.add_argument(
+        "--" + ALLOW_UNBOUNDED_REFERENCE.name,
+        action="store_true",
+        help="the run's own gate: " + ALLOW_UNBOUNDED_REFERENCE.help,
+    )
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     tpu_options(sp)
     interpret_as_option(sp)
+    fla_options(sp)
     sp.add_argument(
         "--tpu-numerics",
         metavar="MODEL",
@@ -121,6 +129,9 @@ def cmd_run(a) -> int:
                 tpu_targets=targets,
                 numerics=a.tpu_numerics,
                 seeds=a.seeds,
+                fla_lanes=a.fla_lanes,
+                fla_fallback=a.fla_fallback,
+                fla_configs=a.fla_configs,
             ),
         )
     gate, rc, gate_text = (None, 0, "") if summary["interrupted"] else _judge(out, specs, summary, a)
@@ -165,7 +176,12 @@ def _judge(out: Path, specs, summary: dict, a) -> tuple[dict | None, int, str]:
     tolerance alone (the reference's are findings)."""
     if {"reference", "candidate"} <= {s.side for s in specs}:
         try:
-            result = run_gate([out], a.bound_factor, allow_inconclusive=a.allow_inconclusive)
+            result = run_gate(
+                [out],
+                a.bound_factor,
+                allow_inconclusive=a.allow_inconclusive,
+                allow_unbounded_reference=getattr(a, ALLOW_UNBOUNDED_REFERENCE.dest),
+            )
         except GateRefusal as e:
             return None, 2, f"gate: refused: {e}"
         return result, 0 if result["ok"] else 1, format_summary(result)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case
-from parity.execute.backends import as_spec, parse_specs
+from parity.execute.backends import as_spec, fla_lane, fla_launches, parse_specs
 from parity.execute.backends.oracle import cache_dir
 from parity.execute.pool import WorkerPool
 from parity.execute.worker import CaseEnded, Done
@@ -63,6 +63,9 @@ class RunConfig:
     tpu_targets: tuple[str, ...] = ()  # compile every jax candidate for these (parity.execute.tpu_compile)
     numerics: str = ""  # TPU numerics model of the jax candidates ("" = default)
     seeds: tuple[int, int] = (SEEDS_MIN, SEEDS_MAX)  # input seeds per case, (min, max): parity.execute.case.run_case
+    fla_lanes: int | None = None  # FLA's lanes (parity.execute.backends.fla_lane.started; None: auto)
+    fla_fallback: bool = False  # cases CUDA refuses for a known reason go to FLA in the interpreter
+    fla_configs: Path | None = None  # FLA configs to pin (parity.execute.backends.fla_launches)
 
     def __post_init__(self):
         if not (isinstance(self.jobs, int) and self.jobs >= 1):
@@ -186,7 +189,8 @@ def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Call
     'SIGTERM' when a signal ended the run early. cfg is not changed."""
     run = _plan(cases, cfg, schedule)
     run.write_manifest()
-    with tpu_numerics.exported(cfg.numerics):  # the workers inherit it, for this run only
+    # the workers and FLA's lanes inherit these, for this run only
+    with tpu_numerics.exported(cfg.numerics), fla_launches.pinned(cfg.fla_configs):
         drained = _drain(run)
     return _summary(run, drained)
 
@@ -241,6 +245,7 @@ class _Drained:
     timings: dict[str, dict] = dataclasses.field(default_factory=dict)
     interrupted: str | None = None
     wall: float = 0.0
+    fla_lanes: list = dataclasses.field(default_factory=list)  # the devices of FLA's lanes ([]: none)
 
 
 class _Units:
@@ -300,7 +305,9 @@ def _drain(run: _Run) -> _Drained:
     units = _Units(run)
     size = max(1, min(cfg.jobs, run.schedule.planned))
     pool = WorkerPool(size, run.out_dir, run.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
-    with _sigterm_interrupts():
+    uses_fla = any(s.side == "reference" for s in run.specs)
+    with _sigterm_interrupts(), fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, size) as lanes:
+        units.drained.fla_lanes = lanes
         try:
             pool.start()
             while units.pending(pool):
@@ -348,6 +355,9 @@ def _summary(run: _Run, drained: _Drained) -> dict:
         "wall_time_s": drained.wall,
         "tpu_targets": list(cfg.tpu_targets),
         "seeds": list(cfg.seeds),
+        "fla_lanes": drained.fla_lanes,
+        "fla_fallback": cfg.fla_fallback,
+        "fla_configs": str(cfg.fla_configs) if cfg.fla_configs else None,
         "interrupted": drained.interrupted,
         "timing": _timing_summary(lines, drained.timings, drained.wall),
         "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),

@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import os
 
+from parity.model import environ
 from parity.model.targets import DEFAULT_TARGETS, IDENTITIES  # IDENTITIES: target -> (device kind, cores)
 
 ENV = "PARITY_TPU_INTERPRET_AS"  # the target TPU interpret mode emulates in this process
@@ -76,20 +77,9 @@ def choose(interpret_as: str | None, targets, prefix: str = "--"):
     return None
 
 
-@contextlib.contextmanager
 def exported(choice: tuple[str, str] | None):
     """The run's choice in the environment (spawned workers inherit it), restored on leaving."""
-    saved = {k: os.environ.get(k) for k in (ENV, SOURCE_ENV)}
-    if choice is not None:
-        os.environ[ENV], os.environ[SOURCE_ENV] = choice
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return environ.exported({} if choice is None else dict(zip((ENV, SOURCE_ENV), choice)))
 
 
 def describe(target: str, source: str, asked: dict[str, int] | None = None, module: str | None = None) -> dict:

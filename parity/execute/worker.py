@@ -18,6 +18,7 @@ from cases import Case
 from parity.execute import compile_log
 from parity.execute.case import LazyBackends, run_case
 from parity.execute.proc import die_with_parent
+from parity.model.host import keep_jax_on_the_cpu
 
 
 # ------------------------------------------------------------------ the events a worker sends
@@ -69,6 +70,7 @@ def worker_main(
     """Run the cases sent over `conn` (a case dict and its backends; None: exit), sending the events
     above. Backends are built lazily, inside a case's timed window."""
     die_with_parent()
+    keep_jax_on_the_cpu()  # a worker started by another parent than the command (the pytest plugin's fuzz)
     backends = LazyBackends()
     while True:
         msg = conn.recv()

@@ -48,6 +48,21 @@ def _bound_factor(dirs: list[Path]) -> float:
     return 1.0
 
 
+def _gate_allowances(dirs: list[Path]) -> dict[str, bool]:
+    """The allow_inconclusive and allow_unbounded_reference of an existing gate.json (what `parity
+    run` or `parity gate` was given), each False unless it says true."""
+    for d in dirs:
+        p = Path(d) / "gate.json"
+        if p.is_file():
+            try:
+                g = read_json(p)
+            except (OSError, ValueError):
+                continue
+            if isinstance(g, dict):
+                return {k: g.get(k) is True for k in ("allow_inconclusive", "allow_unbounded_reference")}
+    return {}
+
+
 def _gate_compile(dirs: list[Path]) -> dict | None:
     """The "compile" section of an existing gate.json, if it has one."""
     for d in dirs:
@@ -70,7 +85,7 @@ def build_report(dirs: list[Path]) -> dict:
     backends = backend_order(by_case)
     targets = compile_target_order(compiles)
     factor = _bound_factor(dirs)
-    gate_cases, gate = gate_per_case(by_case, factor, compiles)
+    gate_cases, gate = gate_per_case(by_case, factor, compiles, **_gate_allowances(dirs))
     ids = sorted(set(by_case) | set(compiles))
     rows = [
         case_row(i, cid, by_case.get(cid, {}), gate_cases.get(cid, {}), backends, compiles.get(cid))

@@ -14,7 +14,7 @@ from cases.suites import stage_cases
 from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail, worst_page_verdict
 from parity.judge.case import deciding_tensor, judge_case
 from parity.judge.localise import localise_stages
-from parity.judge.summary import margin_line, margin_of, smallest_margin
+from parity.judge.summary import environment_lines, margin_line, margin_of, smallest_margin
 from parity.measure.compare import describe_localisation
 from parity.measure.compute_error import MARGIN
 from parity.model.spec import REFERENCE
@@ -75,11 +75,19 @@ def _failing_line(f: dict) -> dict:
     }
 
 
-def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) -> tuple[dict[str, dict], dict]:
+def gate_per_case(
+    by_case: dict,
+    factor: float,
+    compiles: dict | None = None,
+    allow_inconclusive: bool = False,
+    allow_unbounded_reference: bool = False,
+) -> tuple[dict[str, dict], dict]:
     """The gate's judgement (parity.judge.case.judge_case) of each case, so that one refused case
     does not hide the others: case_id -> {candidate: entry} or {'refused': reason}; and the overall
-    outcome. TPU compile records join as they do in `parity gate` (compile-error,
-    numerics-mismatch); without both sides' results only the compile records are judged."""
+    outcome, with one line per cause of the reference's environment that left candidates unbounded
+    (`environment`, as `parity gate` prints them) and the references from the interpreter fallback.
+    TPU compile records join as they do in `parity gate` (compile-error, numerics-mismatch); without
+    both sides' results only the compile records are judged. The allow_* switches: `parity gate`'s."""
     compiles = compiles or {}
     per_case: dict[str, dict] = {}
     has_ref = any(r["side"] == "reference" for recs in by_case.values() for r in recs.values())
@@ -90,10 +98,10 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         if not compiles:
             return per_case, {"status": "not evaluated", "reason": f"no {missing} results in these directories"}
         note = f"TPU compile records only: no {missing} results in these directories, so no accuracy or bound checks"
-    failures, refused, counts, failing = 0, [], Counter(), []
+    failures, refused, counts, failing, environment, fallbacks = 0, [], Counter(), [], [], 0
     for cid in sorted(set(by_case) | set(compiles)):
         recs = None if note else (by_case.get(cid) or None)  # None: its compile records only
-        j = judge_case(cid, recs, compiles.get(cid), factor, REFERENCE)
+        j = judge_case(cid, recs, compiles.get(cid), factor, REFERENCE, allow_inconclusive, allow_unbounded_reference)
         if j.refused:
             per_case[cid] = {"refused": j.refused}
             refused.append(j.refused)
@@ -102,6 +110,8 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         failures += len(j.failures) + len(j.compile_failures)
         failing += [_failing_line(f.as_dict()) for f in (*j.failures, *j.compile_failures)]
         counts.update(e["verdict"] for e in j.entries)
+        environment += j.unbounded_by_environment
+        fallbacks += j.reference_fallback is not None
     status = "refused" if refused else ("pass" if failures == 0 else "fail")
     margin = smallest_margin([e for g in per_case.values() for k, e in g.items() if k != "refused"])
     return per_case, {
@@ -115,6 +125,16 @@ def gate_per_case(by_case: dict, factor: float, compiles: dict | None = None) ->
         "smallest_margin": margin_line(margin) if margin else None,
         "failing": failing[:FAILING_SHOWN],
         "ran": where_sides_ran(by_case),
+        "environment": [line.strip() for line in environment_lines(environment)],
+        "fallbacks": fallbacks,
+        "allowed": [
+            f"--{name}"
+            for name, on in (
+                ("allow-inconclusive", allow_inconclusive),
+                ("allow-unbounded-reference", allow_unbounded_reference),
+            )
+            if on
+        ],
     }
 
 

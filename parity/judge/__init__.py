@@ -3,6 +3,8 @@
     case.py             judge_case: one case's verdict per candidate and tensor (the TPU <= GPU
                         bound, compile verdicts), its Failures; a pure function of its records
     gate.py             evaluate: judge_case over merged runs, collected into gate.json
+    environment.py      what the reference's environment did to its record: FLA refused there, or
+                        ran a kernel known wrong there (model.fla_known); the interpreter fallback
     compiles.py         TPU compile records: what fails one, the figures of a run's compiles
     load.py             read runs against their manifests: what the gate sees, or GateRefusal
     summary.py          the gate's verdict as text

@@ -10,6 +10,13 @@ import dataclasses
 
 from cases import Case
 from parity.judge.compiles import compile_problems
+from parity.judge.environment import (
+    UNBOUNDED_REFERENCE,
+    known_wrong_tensors,
+    reference_fallback,
+    reference_refusal,
+    unbounded_by,
+)
 from parity.judge.load import GateRefusal
 from parity.measure.compare import bound, bound_localisation, describe_bound, describe_localisation, fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
@@ -50,7 +57,13 @@ class CaseJudgement:
     `compile_failures` (of the TPU compile records) fail the case; `inconclusive`: undecided
     tensors that allow_inconclusive lets pass; `unsupported` and `not_judged`: what was not
     compared; `findings`: the reference's own problems; `unbounded`: candidates held to their
-    own tolerance only, the reference giving nothing to bound them by. `refused`: why the case
+    own tolerance only, the reference giving nothing to bound them by (no such tensor, NaN/Inf,
+    a failure of its own); `unbounded_by_environment`: those the reference's environment left
+    unbounded (FLA refused there, or computed the tensor with a kernel known wrong there:
+    parity.judge.environment), one per (candidate, issue), with cause and fix; their tensors that
+    pass their tolerance are `unbounded-reference`, a failure unless allow_unbounded_reference
+    (then in `unbounded_reference`); `reference_fallback`: the reference's notes.fallback (FLA
+    recomputed in the Triton interpreter after CUDA refused) or None. `refused`: why the case
     cannot be compared (nothing else is filled then)."""
 
     case_id: str
@@ -62,6 +75,9 @@ class CaseJudgement:
     not_judged: tuple[Failure, ...] = ()
     findings: tuple[dict, ...] = ()
     unbounded: tuple[dict, ...] = ()
+    unbounded_by_environment: tuple[dict, ...] = ()
+    unbounded_reference: tuple[Failure, ...] = ()
+    reference_fallback: dict | None = None
     refused: str | None = None
 
     @property
@@ -84,25 +100,35 @@ def judge_case(
     factor: float = 1.0,
     reference: str = REFERENCE,
     allow_inconclusive: bool = False,
+    allow_unbounded_reference: bool = False,
 ) -> CaseJudgement:
     """The gate's judgement of case `case_id` from its records (backend -> result record; None:
-    judge its compile records only) and its compile records (backend -> compile record)."""
+    judge its compile records only) and its compile records (backend -> compile record).
+    allow_inconclusive, allow_unbounded_reference: those verdicts pass, listed apart."""
     try:
         entries, problems, findings = _judge_results(case_id, records, factor, reference)
     except GateRefusal as e:
         return CaseJudgement(case_id, refused=str(e))
     entries, compile_failures = _join_compiles(case_id, entries, compiles or {})
-    allowed = ("inconclusive",) if allow_inconclusive else ()
+    allowed = ("inconclusive",) * allow_inconclusive + (UNBOUNDED_REFERENCE,) * allow_unbounded_reference
+    ref = (records or {}).get(reference)
     return CaseJudgement(
         case_id,
         entries=tuple(entries),
         failures=tuple(f for f in problems if f.verdict not in (*UNJUDGED, *allowed)),
         compile_failures=tuple(compile_failures),
-        inconclusive=tuple(f for f in problems if f.verdict in allowed),
+        inconclusive=tuple(f for f in problems if f.verdict == "inconclusive" and allow_inconclusive),
         unsupported=tuple(f for f in problems if f.verdict == "unsupported"),
         not_judged=tuple(f for f in problems if f.verdict == "not-judged"),
         findings=tuple(findings),
         unbounded=tuple(u for u in map(_unbounded, entries) if u),
+        unbounded_by_environment=tuple(
+            {**u, "allowed": allow_unbounded_reference} for e in entries for u in _unbounded_by_environment(e)
+        ),
+        unbounded_reference=tuple(
+            f for f in problems if f.verdict == UNBOUNDED_REFERENCE and allow_unbounded_reference
+        ),
+        reference_fallback=reference_fallback(ref) if ref else None,
     )
 
 
@@ -121,11 +147,12 @@ def _judge_results(
     if not cands:
         raise GateRefusal(f"case {case_id}: no candidate (pallas or --candidate) result in the given directories")
     entries, problems = [], []
+    environment = (reference_refusal(ref), known_wrong_tensors(ref))
     for cname, cand in sorted(cands.items()):
-        entry = _candidate_entry(case_id, cname, cand, ref, reference, factor)
+        entry = _candidate_entry(case_id, cname, cand, ref, reference, factor, environment)
         entries.append(entry)
         problems += _candidate_problems(entry, cand, ref)
-    return entries, problems, _reference_findings(case_id, ref)
+    return entries, problems, _reference_findings(case_id, ref, environment[0])
 
 
 def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
@@ -136,17 +163,17 @@ def _check_consistent(case_id: str, recs: dict[str, dict]) -> None:
             raise GateRefusal(f"case {case_id}: {field} differs between backends ({detail}); refusing to compare")
 
 
-def _reference_findings(case_id: str, ref: dict) -> list[dict]:
-    """The reference's own problems: a run that failed, tensors outside tolerance or non-finite."""
+def _reference_findings(case_id: str, ref: dict, refusal: dict | None = None) -> list[dict]:
+    """The reference's own problems: a run that failed (refused by its environment: the refusal's
+    issue, cause and fix), tensors outside tolerance or non-finite."""
     out = []
     if ref["status"] != "ok":
-        out.append(
-            {
-                "case_id": case_id,
-                "tensor": None,
-                "finding": f"reference {ref['status']}: {(ref.get('error') or '')[:200]}",
-            }
+        what = (
+            f"refused by its environment, {refusal['issue']}: {refusal['cause']}; fix: {refusal['fix']}"
+            if refusal
+            else (ref.get("error") or "")[:200]
         )
+        out.append({"case_id": case_id, "tensor": None, "finding": f"reference {ref['status']}: {what}"})
     for name, t in ref.get("tensors", {}).items():
         if t.get("verdict") in ("fail-accuracy", "nan-inf"):
             out.append(
@@ -171,9 +198,12 @@ def _nothing_compared(cand: dict) -> str | None:
     return None
 
 
-def _candidate_entry(case_id: str, cname: str, cand: dict, ref: dict, reference: str, factor: float) -> dict:
+def _candidate_entry(
+    case_id: str, cname: str, cand: dict, ref: dict, reference: str, factor: float, environment: tuple = (None, {})
+) -> dict:
     """The candidate's entry: its verdict (the worst of its tensors'; error for a Pallas TPU
-    kernel that did not run as one) and each tensor's accuracy and bound."""
+    kernel that did not run as one) and each tensor's accuracy and bound. `environment`: the
+    reference's (refusal, known-wrong tensors) (parity.judge.environment)."""
     entry = {
         "case_id": case_id,
         "candidate": cname,
@@ -188,7 +218,7 @@ def _candidate_entry(case_id: str, cname: str, cand: dict, ref: dict, reference:
     if why:
         return {**entry, "verdict": "error", "error": why}
     for name, ct in cand["tensors"].items():
-        entry["tensors"][name] = _judge_tensor(case_id, name, ct, ref, cand, factor)
+        entry["tensors"][name] = _judge_tensor(case_id, name, ct, ref, cand, factor, environment)
     entry["verdict"] = worst_verdict(t["verdict"] for t in entry["tensors"].values())
     problem = tpu_kernel_problem(cand)
     if problem:  # never passed, whatever its tensors
@@ -196,10 +226,16 @@ def _candidate_entry(case_id: str, cname: str, cand: dict, ref: dict, reference:
     return entry
 
 
-def _judge_tensor(case_id: str, name: str, ct: dict, ref: dict, cand: dict, factor: float) -> dict:
+def _judge_tensor(
+    case_id: str, name: str, ct: dict, ref: dict, cand: dict, factor: float, environment: tuple = (None, {})
+) -> dict:
     """One tensor's entry: its accuracy verdict, then the bound against the reference's tensor
-    (or why there is none), the verdict both give and, when it fails, where."""
+    (or why there is none), the verdict both give and, when it fails, where. A reference tensor
+    known wrong bounds nothing; where the reference's environment left the tensor unbounded
+    (`unbounded_by`), a tensor within its tolerance is `unbounded-reference`."""
+    refusal, wrong = environment
     rt = ref.get("tensors", {}).get(name)
+    why_unbounded = unbounded_by(refusal if rt is None else None, wrong.get(name))
     t = {
         "accuracy": ct["verdict"],
         "rel_rms": ct.get("rel_rms"),
@@ -208,7 +244,7 @@ def _judge_tensor(case_id: str, name: str, ct: dict, ref: dict, cand: dict, fact
         "dtype": ct.get("dtype"),
     }
     verdict = ct["verdict"]
-    if verdict not in UNJUDGED and rt is not None and "rel_rms" in rt:
+    if verdict not in UNJUDGED and rt is not None and "rel_rms" in rt and why_unbounded is None:
         try:
             b = bound(ct, rt, factor, *_seed_policy(cand))
         except ValueError as e:
@@ -218,11 +254,14 @@ def _judge_tensor(case_id: str, name: str, ct: dict, ref: dict, cand: dict, fact
             verdict = b["verdict"]
     else:
         t["bound"] = None
-        t["bound_note"] = (
-            ("candidate has no such tensor" if verdict == "unsupported" else ct.get("reason", ""))
-            if verdict in UNJUDGED
-            else f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}"
-        )
+        if verdict in UNJUDGED:
+            t["bound_note"] = "candidate has no such tensor" if verdict == "unsupported" else ct.get("reason", "")
+        elif why_unbounded:
+            t["bound_note"] = f"the reference's environment ({why_unbounded['issue']}): {why_unbounded['cause']}"
+            t["unbounded_by"] = why_unbounded
+            verdict = UNBOUNDED_REFERENCE if verdict == "pass" else verdict
+        else:
+            t["bound_note"] = f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}"
     t["verdict"] = verdict
     if verdict == "fail-bound":
         t["localisation"] = bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor)
@@ -243,6 +282,9 @@ def _rule(t: dict, ct: dict) -> tuple[str, str]:
         return v, f"{v}: {ct.get('reason', '')}"
     if t["accuracy"] != "pass":
         return tolerance_rule(ct)
+    if v == UNBOUNDED_REFERENCE:
+        u = t["unbounded_by"]
+        return v, f"{v}: bound not enforced, {u['issue']}: {u['cause']}; fix: {u['fix']}; {tolerance_rule(ct)[1]}"
     if not b:
         rule, why = tolerance_rule(ct)
         return rule, f"{why}; no bound ({t.get('bound_note', '')})"
@@ -278,8 +320,9 @@ def _seed_policy(cand: dict) -> tuple[int, int]:
 
 def _candidate_problems(entry: dict, cand: dict, ref: dict) -> list[Failure]:
     """A Failure for the candidate as a whole when it did not run or compared nothing; else one
-    per tensor that did not pass (unsupported, not judged and inconclusive included), and one
-    when it is a Pallas TPU kernel that did not run as one."""
+    per tensor that did not pass (unsupported, not judged and inconclusive included), one per
+    issue of the reference's environment that left tensors unbounded-reference (naming them),
+    and one when it is a Pallas TPU kernel that did not run as one."""
     case_id, cname = entry["case_id"], entry["candidate"]
     if cand["status"] != "ok":
         error = cand.get("error")
@@ -291,11 +334,22 @@ def _candidate_problems(entry: dict, cand: dict, ref: dict) -> list[Failure]:
         ct = cand["tensors"][name]
         if t["verdict"] in UNJUDGED:
             out.append(Failure(case_id, cname, name, t["verdict"], ct.get("reason", "")))
-        elif t["verdict"] != "pass":
+        elif t["verdict"] not in ("pass", UNBOUNDED_REFERENCE):
             rt = ref.get("tensors", {}).get(name)
             out.append(
                 Failure(case_id, cname, name, t["verdict"], figures=_figures(ct, rt, t), repro=cand.get("repro"))
             )
+    out += [  # one per issue of the reference's environment, naming its tensors, cause and fix
+        Failure(
+            case_id,
+            cname,
+            None,
+            UNBOUNDED_REFERENCE,
+            f"{', '.join(u['failing'])}: bound not enforced, {u['issue']}: {u['cause']}; fix: {u['fix']}",
+        )
+        for u in _unbounded_by_environment(entry)
+        if u["failing"]
+    ]
     problem = tpu_kernel_problem(cand)
     if problem:
         out.append(Failure(case_id, cname, None, "error", problem))
@@ -325,17 +379,36 @@ def _figures(ct: dict, rt: dict | None, t: dict) -> dict:
 
 def _unbounded(entry: dict) -> dict | None:
     """The candidate's judged tensors the reference gave nothing to bound by (no such tensor, or
-    one with NaN/Inf): held to their own tolerance only."""
+    one with NaN/Inf) for a reason other than its environment's: held to their own tolerance only."""
     tensors = entry["tensors"]
     free = [
         n
         for n, v in tensors.items()
-        if v["verdict"] not in UNJUDGED and (not v["bound"] or v["bound"].get("reference_nonfinite"))
+        if v["verdict"] not in UNJUDGED
+        and "unbounded_by" not in v
+        and (not v["bound"] or v["bound"].get("reference_nonfinite"))
     ]
     if not free:
         return None
     reason = tensors[free[0]].get("bound_note") or f"reference {free[0]} has NaN/Inf"
     return {"case_id": entry["case_id"], "candidate": entry["candidate"], "tensors": free, "reason": reason}
+
+
+def _unbounded_by_environment(entry: dict) -> list[dict]:
+    """One {"case_id", "candidate", "issue", "by", "cause", "fix", "tensors", "failing"} per issue
+    of the reference's environment that left the candidate's judged tensors unbounded; `failing`:
+    those of them that are unbounded-reference (the rest fail on their own tolerance)."""
+    out: dict[str, dict] = {}
+    for name, t in entry["tensors"].items():
+        u = t.get("unbounded_by")
+        if u:
+            x = out.setdefault(
+                u["issue"],
+                {"case_id": entry["case_id"], "candidate": entry["candidate"], **u, "tensors": [], "failing": []},
+            )
+            x["tensors"].append(name)
+            x["failing"] += [name] if t["verdict"] == UNBOUNDED_REFERENCE else []
+    return list(out.values())
 
 
 def _join_compiles(case_id: str, entries: list[dict], compiles: dict[str, dict]) -> tuple[list[dict], list[Failure]]:

@@ -14,6 +14,13 @@ The reference is FLA (the "GPU" side). A reference tensor outside its own tolera
 reported as a finding about the reference; the bound still uses it (except where the
 reference has NaN/Inf or failed to run: then it bounds nothing, the candidate must still
 meet its own tolerance, and the summary lists those pairs as "bound not enforced").
+Where the reference's environment is why it bounds nothing (parity.judge.environment: FLA
+refused to run there, e.g. fla#640 on Hopper with Triton < 3.7.1, or ran a kernel known to
+compute that tensor wrong there, e.g. fla#984), the candidate's tensors within tolerance are
+`unbounded-reference`: listed apart per cause with its fix ("unbounded_by_environment"), and a
+failure unless allow_unbounded_reference (--allow-unbounded-reference; then listed as allowed).
+A reference FLA recomputed in the Triton interpreter after CUDA refused (notes.fallback) bounds
+as any other; the summary counts them.
 
 The gate refuses (exit 2) to compare records whose schema, oracle version, tolerance
 version or input hash differ for a case, and cases that lack a reference or a candidate.
@@ -95,26 +102,35 @@ def evaluate(
     compiles: dict[str, dict[str, dict]] | None = None,
     allow_mixed_numerics: bool = False,
     allow_inconclusive: bool = False,
+    allow_unbounded_reference: bool = False,
 ) -> dict:
     """The gate's verdict for every case, candidate and tensor (and TPU compile, when compile
     records are given): judge_case for each case, collected. A tensor whose bound stays undecided
     over the seeds the records hold is `inconclusive`: a failure unless allow_inconclusive (then
-    listed apart). GateRefusal for the first case that cannot be compared."""
+    listed apart); one the reference's environment left unbounded is `unbounded-reference`: a
+    failure unless allow_unbounded_reference. GateRefusal for the first case that cannot be compared."""
     compiles = compiles or {}
     if not allow_mixed_numerics:
         _check_numerics(by_case)
     judged = []
     for case_id in sorted(set(by_case) | set(compiles)):
-        j = judge_case(case_id, by_case.get(case_id), compiles.get(case_id), factor, reference, allow_inconclusive)
+        j = judge_case(
+            case_id,
+            by_case.get(case_id),
+            compiles.get(case_id),
+            factor,
+            reference,
+            allow_inconclusive,
+            allow_unbounded_reference,
+        )
         if j.refused:
             raise GateRefusal(j.refused)
         judged.append(j)
-    return _collect(judged, factor, reference, allow_inconclusive, compile_summary(compiles))
+    allowed = {"inconclusive": allow_inconclusive, "unbounded_reference": allow_unbounded_reference}
+    return _collect(judged, factor, reference, allowed, compile_summary(compiles))
 
 
-def _collect(
-    judged: list[CaseJudgement], factor: float, reference: str, allow_inconclusive: bool, compile: dict | None
-) -> dict:
+def _collect(judged: list[CaseJudgement], factor: float, reference: str, allowed: dict, compile: dict | None) -> dict:
     """gate.json's form of the judgements: the entries of every case (those of candidates with
     compile records only last), the failures of results before those of compiles."""
     cases = sorted((e for j in judged for e in j.entries), key=lambda e: e["reference"] is None)
@@ -132,8 +148,18 @@ def _collect(
         # not judged: the backward tensors of forward-only candidates
         "not_judged": [f.as_dict() for j in judged for f in j.not_judged],
         "unbounded": [x for j in judged for x in j.unbounded],
+        # left unbounded by the reference's environment, per (case, candidate, issue), with cause and fix
+        "unbounded_by_environment": [x for j in judged for x in j.unbounded_by_environment],
         "inconclusive": [f.as_dict() for j in judged for f in j.inconclusive],
-        "allow_inconclusive": allow_inconclusive,
+        "allow_inconclusive": allowed["inconclusive"],
+        "unbounded_reference": [f.as_dict() for j in judged for f in j.unbounded_reference],  # allowed
+        "allow_unbounded_reference": allowed["unbounded_reference"],
+        # references FLA recomputed in the Triton interpreter after CUDA refused (notes.fallback)
+        "reference_fallbacks": [
+            {"case_id": j.case_id, "from": f.get("from"), "issue": (f.get("refusal") or {}).get("issue")}
+            for j in judged
+            if (f := j.reference_fallback)
+        ],
         "compile": compile,
         "counts": {v: sum(1 for c in cases if c["verdict"] == v) for v in sorted({c["verdict"] for c in cases})},
     }
@@ -166,6 +192,7 @@ def run_gate(
     allow_partial: bool = False,
     allow_mixed_numerics: bool = False,
     allow_inconclusive: bool = False,
+    allow_unbounded_reference: bool = False,
 ) -> dict:
     """Load (load_checked), evaluate, write gate.json (to `out` or the first directory); raises GateRefusal."""
     by_case, compiles, coverage = load_checked(dirs, allow_partial)
@@ -177,6 +204,7 @@ def run_gate(
         compiles=compiles,
         allow_mixed_numerics=allow_mixed_numerics,
         allow_inconclusive=allow_inconclusive,
+        allow_unbounded_reference=allow_unbounded_reference,
     )
     nothing = compared_nothing(result)
     result["failures"] += nothing

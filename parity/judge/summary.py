@@ -1,5 +1,7 @@
-"""The gate's verdict as text: one line per failure, reference finding and unenforced bound,
-the smallest margin to the bound, the TPU compile matrix, what was not seen, and PASS or FAIL."""
+"""The gate's verdict as text: one line per failure, reference finding and unenforced bound (one
+per cause of the reference's environment, with its fix), the references from the interpreter
+fallback, the smallest margin to the bound, the TPU compile matrix, what was not seen, and PASS
+or FAIL."""
 
 from __future__ import annotations
 
@@ -56,6 +58,20 @@ def format_summary(result: dict) -> str:
             f"{sum(len(x['tensors']) for x in u)} tensors, e.g. {u[0]['case_id']} [{u[0]['candidate']}] "
             f"{', '.join(u[0]['tensors'])}: {u[0]['reason'][:100]}"
         )
+    lines += environment_lines(result.get("unbounded_by_environment") or [])
+    lines += [
+        f"  UNBOUNDED-REFERENCE (allowed) {u['case_id']} [{u['candidate']}] {', '.join(u['failing'])}: {u['issue']}"
+        for u in result.get("unbounded_by_environment") or []
+        if u.get("allowed") and u["failing"]
+    ]
+    fallbacks = result.get("reference_fallbacks") or []
+    if fallbacks:
+        f = fallbacks[0]
+        lines.append(
+            f"  references from the interpreter fallback (FLA recomputed in the Triton interpreter after CUDA "
+            f"refused; bounded as any reference): {len(fallbacks)} cases, e.g. {f['case_id']} "
+            f"(from {f['from']}, {f['issue'] or 'refusal not named'})"
+        )
     if result.get("compile"):
         lines.append(format_compile_summary(result["compile"]))
     cov = result.get("coverage") or {}
@@ -72,6 +88,31 @@ def format_summary(result: dict) -> str:
         lines.append(f"  {margin_line(m)}")
     lines.append("gate: PASS" if result["ok"] else f"gate: FAIL ({len(result['failures'])} failures)")
     return "\n".join(lines)
+
+
+def environment_lines(unbounded_by_environment: list[dict]) -> list[str]:
+    """One line per issue of the reference's environment that left candidates unbounded (gate.json's
+    "unbounded_by_environment"): how many pairs and tensors, the cause, the fix, and whether the gate
+    failed them (unbounded-reference) or --allow-unbounded-reference let them pass."""
+    by_issue: dict[str, list[dict]] = {}
+    for u in unbounded_by_environment:
+        by_issue.setdefault(u["issue"], []).append(u)
+    lines = []
+    for issue, us in by_issue.items():
+        failing = sum(len(u["failing"]) for u in us)
+        verdict = (
+            "none within tolerance"
+            if not failing
+            else f"{failing} passed as allowed (--allow-unbounded-reference)"
+            if all(u.get("allowed") for u in us)
+            else f"{failing} failing as unbounded-reference (--allow-unbounded-reference passes them)"
+        )
+        lines.append(
+            f"  bound not enforced, the reference's environment: {len({(u['case_id'], u['candidate']) for u in us})} "
+            f"case/candidate pairs, {sum(len(u['tensors']) for u in us)} tensors ({verdict}): {issue} "
+            f"{us[0]['cause']}: fix: {us[0]['fix']}"
+        )
+    return lines
 
 
 def failure_lines(f: dict) -> str:

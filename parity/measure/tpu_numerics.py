@@ -52,6 +52,8 @@ import contextlib
 import functools
 import os
 
+from parity.model import environ
+
 MODELS = ("tpu-mxu-v1", "float32")
 DEFAULT_MODEL = "tpu-mxu-v1"
 ENV = "PARITY_TPU_NUMERICS"
@@ -66,22 +68,10 @@ def check_model(name: str) -> str:
     return name
 
 
-@contextlib.contextmanager
 def exported(model: str | None):
     """`model` in the environment (ENV) while inside, for the worker processes a run starts there
     to inherit; the variable as it was after. None: nothing changes (the workers inherit what is set)."""
-    if not model:
-        yield
-        return
-    before = os.environ.get(ENV)
-    os.environ[ENV] = check_model(model)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+    return environ.exported({ENV: check_model(model)} if model else {})
 
 
 def active() -> str:

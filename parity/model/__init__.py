@@ -9,6 +9,9 @@
                         checked once (OptionError, option_error.py: field, value, allowed values;
                         standard library only at import, like spec.py)
     host.py             what this host has: a TPU attached, libtpu installed
+    fla_known.py        FLA's known refusals and known GPU bugs as data (fla#640, fla#984), and the
+                        pure functions that read a record's error, platform, versions and kernel
+                        launches against them (standard library only)
     gpu.py              the GPU FLA in the Triton interpreter stands for (an H100): the shared
                         memory its probe answers (standard library only, like spec.py)
 

@@ -57,3 +57,15 @@ def compile_only_slice(env: MutableMapping[str, str] = os.environ) -> dict[str, 
         return {}
     env.update(COMPILE_ONLY_SLICE)
     return dict(COMPILE_ONLY_SLICE)
+
+
+def keep_jax_on_the_cpu(env: MutableMapping[str, str] = os.environ) -> bool:
+    """In the harness's own processes (the `parity` command, its workers, FLA's lanes), before jax is
+    imported: JAX_PLATFORMS=cpu where no TPU is attached (a user's own JAX_PLATFORMS wins). Off a TPU
+    the jax candidates run in TPU interpret mode under the TPU numerics model, on the CPU: a GPU jax
+    would take 75% of the GPU's memory in every worker (XLA's preallocation) beside FLA's lanes, and
+    compute float32 dots its own way. True when it set it."""
+    if tpu_attached() or "JAX_PLATFORMS" in env:
+        return False
+    env["JAX_PLATFORMS"] = "cpu"
+    return True

@@ -1,7 +1,7 @@
 """The option layer: the values both the command line (`--NAME`) and the pytest plugin
 (`--parity-NAME`) take, parsed and checked once: the case selection (suite, cases file, case
 ids, op, size limits), backends and candidates, the bound factor, TPU targets and the TPU
-interpret mode's target.
+interpret mode's target; and the switches both declare from here (ALLOW_UNBOUNDED_REFERENCE).
 
 Each check returns the parsed value or raises OptionError(field, value, allowed, problem)
 (parity.model.option_error):
@@ -15,6 +15,7 @@ the case registry and the TPU target table are imported inside the checks that n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -53,6 +54,27 @@ def finite_at_least(field: str, text: str, low: float, allowed: str | None = Non
 def bound_factor(text: str | None) -> float:
     """eps_candidate <= F * eps_reference + floor: F finite, >= 0; None -> 1."""
     return DEFAULT_BOUND_FACTOR if text is None else finite_at_least("bound-factor", text, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """An on/off option both surfaces declare from here: `--NAME` / `--parity-NAME`, off unless given."""
+
+    name: str  # without a prefix, e.g. "allow-unbounded-reference"
+    help: str
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse and pytest store it under (without the plugin's parity_ prefix)."""
+        return self.name.replace("-", "_")
+
+
+ALLOW_UNBOUNDED_REFERENCE = Switch(
+    "allow-unbounded-reference",
+    "pass a candidate's tensor the reference could not bound because of its environment (FLA refused "
+    "there, e.g. fla#640, or ran a kernel known wrong there, e.g. fla#984), held to its tolerance only "
+    "(listed apart, with cause and fix); by default it fails as unbounded-reference",
+)
 
 
 def size_limit(field: str, text: str) -> int:
@@ -190,3 +212,54 @@ def interpret_as(text: str) -> str:
     if text not in TARGETS:
         raise OptionError("tpu-interpret-as", text, f"one of {list(TARGETS)}")
     return text
+
+
+# ------------------------------------------------------------------------------ FLA on the GPU side
+
+FLA_FALLBACKS = ("none", "interpreter")
+
+
+def fla_lanes(text: str | None) -> int | None:
+    """--fla-lanes: how many FLA lanes (parity.execute.backends.fla_lane): an int >= 0, or auto (None: one per
+    CUDA GPU, none on a host without one)."""
+    if text is None or text == "auto":
+        return None
+    if not text.isdigit():
+        raise OptionError("fla-lanes", text, "auto or an int >= 0")
+    return int(text)
+
+
+def fla_fallback(text: str | None) -> bool:
+    """--fla-fallback: where a case CUDA refuses for a known reason goes: none, or interpreter (FLA in
+    Triton's interpreter on the same machine); True for interpreter."""
+    if text is None or text == "none":
+        return False
+    if text != "interpreter":
+        raise OptionError("fla-fallback", text, " or ".join(FLA_FALLBACKS))
+    return True
+
+
+def fla_configs(text: str | None) -> Path | None:
+    """--fla-configs: a JSON file of FLA kernel configs to pin (an FLA record, a list of its
+    notes.fla_launches entries, {"launches": [...]}, or {kernel: {"kwargs", "num_warps", "num_stages"}})."""
+    if text is None:
+        return None
+    import json
+
+    allowed = 'an FLA record, a list of its notes.fla_launches, or {KERNEL: {"num_warps": N, ...}}'
+    path = Path(text)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise OptionError("fla-configs", text, allowed, str(e)) from None
+    launches = data
+    if isinstance(data, dict):
+        launches = data.get("launches") or (data.get("notes") or {}).get("fla_launches")
+        if launches is None and data and all(isinstance(c, dict) for c in data.values()):
+            configs = data.values()
+            keys = {"kwargs", "num_warps", "num_stages"}
+            if all(set(c) <= keys and isinstance(c.get("kwargs", {}), dict) for c in configs):
+                return path.resolve()
+    if not (launches and isinstance(launches, list) and all(isinstance(x, dict) and "kernel" in x for x in launches)):
+        raise OptionError("fla-configs", text, allowed, "no kernel configs in it")
+    return path.resolve()

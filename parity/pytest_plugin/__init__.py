@@ -20,7 +20,10 @@ the `--parity-candidate` kernels (not on gpu):
     tpu        oracle, pallas, pallas-fused compiled on TPU
 interpret and tpu tests also compile their jax candidates for TPU targets
 (`--parity-tpu-targets`). Records go to `--parity-report-dir`; the gate over this session's
-records is printed in the terminal summary and fails the session when it fails.
+records is printed in the terminal summary and fails the session when it fails. A reference
+its environment refused (FLA on Hopper with Triton < 3.7.1: fla#640) or left known wrong fails
+the test and the session gate, naming cause and fix, unless `--parity-allow-unbounded-reference`
+(then a ReferenceFinding warning), as `parity gate` does.
 
 Only the standard library, pytest and parity.model.spec are imported at startup (here and in
 the submodules below): jax, torch, fla and the harness are imported inside the functions
@@ -36,6 +39,7 @@ explanation of what failed), session (the manifests and the session gate) and fu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 import warnings
@@ -43,13 +47,16 @@ import warnings
 import pytest
 
 from parity.model import gpu
+from parity.model.host import keep_jax_on_the_cpu
 from parity.pytest_plugin.checks import check_case, explain, reference_findings, select_cases
 from parity.pytest_plugin.devices import cuda_missing, no_cuda_device, tpu_missing
 from parity.pytest_plugin.options import (
     DEFAULT_REPORT_DIR,
     MODE_BACKENDS,
     add_options,
+    allow_unbounded_reference,
     bound_factor,
+    fla_settings,
     refuse_bad_options,
     report_dir,
     selected_cases,
@@ -65,6 +72,7 @@ MARKERS = {
     "slow": "long-running; excluded from the default unit-test pass",
 }
 _GATE = pytest.StashKey[tuple[str, bool]]()
+_LANES = pytest.StashKey[contextlib.ExitStack]()
 
 
 class ReferenceFinding(UserWarning):
@@ -88,6 +96,32 @@ def pytest_configure(config):
         # FLA's kernels must be built for the Triton interpreter, with an H100's tiles: ask before
         # any test imports fla (what triton_interpreter.request() does, without importing the harness)
         gpu.interpret_as_an_h100()
+    if any(m in (config.getoption("markexpr") or "") for m in ("gpu", "interpret")):
+        keep_jax_on_the_cpu()  # the candidates run in TPU interpret mode on the CPU, not in a GPU's jax
+    if not hasattr(config, "workerinput"):  # the controller: xdist workers inherit the lanes' addresses
+        config.stash[_LANES] = _start_fla_lanes(config)
+
+
+def _start_fla_lanes(config) -> contextlib.ExitStack:
+    """FLA's lanes for the session's workers (parity.execute.backends.fla_lane; none on a host without a CUDA GPU
+    unless --parity-fla-lanes asks), and the configs --parity-fla-configs pins, in the environment."""
+    lanes, fallback, configs = fla_settings(config)
+    stack = contextlib.ExitStack()
+    if configs is not None:
+        os.environ["PARITY_FLA_CONFIGS"] = str(configs)  # parity.execute.backends.fla_launches.PINS_ENV
+    if lanes == 0 or (lanes is None and no_cuda_device()):
+        return stack
+    from parity.execute.backends import fla_lane  # late: only where lanes run
+
+    workers = config.getoption("numprocesses", None)  # pytest-xdist's -n
+    stack.enter_context(fla_lane.started(True, lanes, fallback, workers if isinstance(workers, int) else 1))
+    return stack
+
+
+def pytest_unconfigure(config):
+    stack = config.stash.get(_LANES, None)
+    if stack is not None:
+        stack.close()
 
 
 def pytest_generate_tests(metafunc):
@@ -118,6 +152,7 @@ def parity_check(request):
             os.environ["PARITY_RUN_ID"],
             bound_factor(config),
             session_targets(config, mode),
+            allow_unbounded_reference(config),
         )
         for f in findings:
             warnings.warn(ReferenceFinding(f), stacklevel=2)
@@ -140,7 +175,9 @@ def pytest_sessionfinish(session, exitstatus):
     out = report_dir(session.config)
     if not out.exists():
         return
-    text, ok = session_gate(out, os.environ["PARITY_RUN_ID"], bound_factor(session.config))
+    text, ok = session_gate(
+        out, os.environ["PARITY_RUN_ID"], bound_factor(session.config), allow_unbounded_reference(session.config)
+    )
     if text:
         session.config.stash[_GATE] = (text, ok)
     if ok is False and session.exitstatus == 0:

@@ -45,14 +45,17 @@ def _backends(specs: tuple[str, ...]) -> dict:
 TOLERANCE_ONLY = "tolerance only"  # no gate for the case: each tensor against its tolerance alone
 
 
-def explain(case, records: dict[str, dict], judged) -> list[str]:
+def explain(case, records: dict[str, dict], judged, allow_unbounded_reference: bool = False) -> list[str]:
     """One paragraph per problem: tensor, verdict (the gate's, as `parity run` and the page print
     it), the rule that decided it with its figures, both epsilons, tolerance, bound, worst element,
     where each side ran, and the command that reproduces just this case. `judged`: the gate's
     CaseJudgement of the case (parity.judge.case), or None where there is none (the tolerance alone
-    then judges, and the paragraph says so)."""
+    then judges, and the paragraph says so). A reference its environment refused is a problem
+    naming cause and fix, and a tensor it left unbounded-reference one, unless
+    allow_unbounded_reference (then reference_findings reports the refusal)."""
     # late: numpy and scipy, only when parity tests run
     from parity.judge.case import tolerance_rule
+    from parity.judge.environment import UNBOUNDED_REFERENCE, reference_refusal
     from parity.measure.compare import describe_bound_quantity, describe_localisation, fmt
     from parity.measure.compute_error import describe as describe_compute
 
@@ -63,8 +66,16 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
             continue
         where = f"{name} ran on {rec.get('platform') or '?'}"
         if rec["status"] in ("error", "timeout"):
+            refusal = reference_refusal(rec) if rec["side"] == "reference" else None
+            if refusal and allow_unbounded_reference:
+                continue  # a finding (reference_findings)
             error = (rec.get("error") or "").strip()[:1500]
-            problems.append(f"[{name}] {rec['status']}: {error}\n  {where}\n  repro: {rec['repro']}")
+            known = (
+                f"\n  refused by its environment, {refusal['issue']}: {refusal['cause']}\n  fix: {refusal['fix']}"
+                if refusal
+                else ""
+            )
+            problems.append(f"[{name}] {rec['status']}: {error}{known}\n  {where}\n  repro: {rec['repro']}")
             continue
         if rec["side"] == "reference":  # its tensors' verdicts are findings, not failures
             continue
@@ -72,7 +83,7 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
             entry = judged.entry(name) if judged and rec["side"] == "candidate" else None
             bound_entry = entry["tensors"].get(tname) if entry else None
             verdict = (bound_entry or t)["verdict"] if bound_entry else t["verdict"]
-            if verdict in ("pass", "unsupported"):
+            if verdict in ("pass", "unsupported") or (verdict == UNBOUNDED_REFERENCE and allow_unbounded_reference):
                 continue
             rt = (ref or {}).get("tensors", {}).get(tname, {})
             w = (t.get("worst") or [{}])[0]
@@ -100,15 +111,24 @@ def explain(case, records: dict[str, dict], judged) -> list[str]:
     return problems
 
 
-def reference_findings(case, records: dict[str, dict]) -> list[str]:
+def reference_findings(case, records: dict[str, dict], allow_unbounded_reference: bool = False) -> list[str]:
     """The reference's own tensors outside tolerance or non-finite: reported, never a test
-    failure (the gate then bounds nothing with a non-finite reference tensor)."""
-    from parity.measure.compare import fmt  # late: numpy, only when parity tests run
+    failure (the gate then bounds nothing with a non-finite reference tensor); with
+    allow_unbounded_reference, its environment's refusal too (explain's problem otherwise)."""
+    # late: numpy and the registry, only when parity tests run
+    from parity.judge.environment import reference_refusal
+    from parity.measure.compare import fmt
 
     out = []
     for name, rec in records.items():
         if rec["side"] != "reference":
             continue
+        refusal = reference_refusal(rec) if allow_unbounded_reference else None
+        if refusal:
+            out.append(
+                f"{case.id}: reference {name} refused by its environment on {rec.get('platform')}, "
+                f"{refusal['issue']}: {refusal['cause']}; fix: {refusal['fix']} (--parity-allow-unbounded-reference)"
+            )
         for tname, t in rec.get("tensors", {}).items():
             if t.get("verdict") in ("fail-accuracy", "nan-inf"):
                 w = (t.get("worst") or [{}])[0]
@@ -128,10 +148,11 @@ def check_case(
     run_id: str,
     factor: float,
     tpu_targets: tuple[str, ...] = (),
+    allow_unbounded_reference: bool = False,
 ) -> tuple[list[str], str | None, list[str]]:
     """Run `case` through the backend `specs` of a marker, compiling its jax candidates for
     `tpu_targets`; returns (problems, why no candidate could run it or None, findings about
-    the reference)."""
+    the reference). allow_unbounded_reference: as `parity gate --allow-unbounded-reference`."""
     # late: heavy (jax, torch, the harness), only when parity tests run
     from parity.execute.case import run_case
     from parity.judge.gate import compile_problems, judge_case
@@ -143,9 +164,11 @@ def check_case(
     by_backend = {r["backend"]: r for r in recs}
     judged = None
     if REFERENCE in by_backend and any(r["side"] == "candidate" for r in recs):
-        judged = judge_case(case.id, by_backend, factor=factor)
+        judged = judge_case(case.id, by_backend, factor=factor, allow_unbounded_reference=allow_unbounded_reference)
     cands = [r for r in recs if r["side"] == "candidate"]
-    problems = explain(case, by_backend, None if judged is None or judged.refused else judged) + [
+    problems = explain(
+        case, by_backend, None if judged is None or judged.refused else judged, allow_unbounded_reference
+    ) + [
         f"[{c['backend']}] {c['verdict']}: {line}\n  repro: {c['repro']}"
         for c in compiles
         for line in compile_problems(c)
@@ -153,4 +176,4 @@ def check_case(
     no_kernel = None
     if cands and all(r["status"] == "unsupported" for r in cands):
         no_kernel = "; ".join(f"{r['backend']}: {r.get('error')}" for r in cands)
-    return problems, no_kernel, reference_findings(case, by_backend)
+    return problems, no_kernel, reference_findings(case, by_backend, allow_unbounded_reference)

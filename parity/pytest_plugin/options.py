@@ -1,6 +1,7 @@
 """The plugin's `--parity-*` options: declared (add_options), refused at configure when they
 cannot be used (refuse_bad_options: pytest's usage error, exit 4), and read by the hooks
-(selected_cases, report_dir, bound_factor, session_specs, session_targets; the TPU identity
+(selected_cases, report_dir, bound_factor, allow_unbounded_reference, session_specs,
+session_targets; the TPU identity
 interpret mode emulates is exported at configure, export_interpret_as). The values' checks are
 parity.model.options's, shared with the command line; this module adds the `--parity-` prefix
 and pytest's usage error. Only the standard library, pytest and parity.model at import: the case
@@ -94,11 +95,37 @@ def add_options(parser) -> None:
         "tpu7x) or 'none'; default v5e,v6e,tpu7x where libtpu is installed and no TPU is attached",
     )
     g.addoption(
+        "--parity-fla-lanes",
+        default=None,
+        metavar="N",
+        help="long-lived processes that run FLA for every test worker (docs/fla-on-gpu.md): auto (default: "
+        "one per CUDA GPU, none without one) or N (on a CPU: N interpreter lanes)",
+    )
+    g.addoption(
+        "--parity-fla-fallback",
+        default=None,
+        metavar="WHERE",
+        help="where a case goes that FLA on CUDA refuses for a known reason of its environment: none (default) "
+        "or interpreter (FLA in Triton's interpreter on this machine; the record says so)",
+    )
+    g.addoption(
+        "--parity-fla-configs",
+        default=None,
+        metavar="FILE",
+        help="pin FLA's autotuned kernels to the configs in FILE (an FLA record, or a list of its notes.fla_launches)",
+    )
+    g.addoption(
         "--parity-tpu-interpret-as",
         default=None,
         metavar="TARGET",
         help="in TPU interpret mode pltpu.get_tpu_info() answers as this TPU target (v4, v5e, v5p, v6e, tpu7x); "
         "default the first of --parity-tpu-targets, else v5e",
+    )
+    g.addoption(
+        PREFIX + options.ALLOW_UNBOUNDED_REFERENCE.name,
+        action="store_true",
+        default=False,
+        help=options.ALLOW_UNBOUNDED_REFERENCE.help,
     )
 
 
@@ -126,6 +153,7 @@ def refuse_bad_options(config) -> None:
         selected_cases(config)
     kept_builtins(config)
     _checked(options.candidates, opt("parity_candidate"))
+    fla_settings(config)
     if opt("parity_tpu_targets") is not None:
         tpu_targets(opt("parity_tpu_targets"))
     if opt("parity_tpu_interpret_as") is not None or opt("parity_tpu_targets") is not None:
@@ -175,8 +203,24 @@ def _refuse_path_as_rootdir(config) -> None:
                 )
 
 
+def fla_settings(config) -> tuple[int | None, bool, Path | None]:
+    """(--parity-fla-lanes, --parity-fla-fallback, --parity-fla-configs), checked: FLA's lanes (None:
+    one per CUDA GPU), whether cases CUDA refuses go to the interpreter, the configs file to pin."""
+    opt = config.getoption
+    return (
+        _checked(options.fla_lanes, opt("parity_fla_lanes")),
+        _checked(options.fla_fallback, opt("parity_fla_fallback")),
+        _checked(options.fla_configs, opt("parity_fla_configs")),
+    )
+
+
 def bound_factor(config) -> float:
     return _checked(options.bound_factor, config.getoption("parity_bound_factor"))
+
+
+def allow_unbounded_reference(config) -> bool:
+    """--parity-allow-unbounded-reference (parity.model.options.ALLOW_UNBOUNDED_REFERENCE)."""
+    return bool(config.getoption("parity_" + options.ALLOW_UNBOUNDED_REFERENCE.dest))
 
 
 def kept_builtins(config) -> set[str] | None:

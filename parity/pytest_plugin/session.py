@@ -47,11 +47,15 @@ def write_session_manifests(items, config, run_id: str) -> list[Path]:
     return paths
 
 
-def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, bool | None]:
+def session_gate(
+    report_dir: Path, run_id: str, factor: float, allow_unbounded_reference: bool = False
+) -> tuple[str, bool | None]:
     """Gate over this session's records: (text, ok). The cases with both the reference and a
-    candidate are gated; a session with one side only (gpu: the reference; tpu: the candidates,
-    each already held to its tolerance by its test) leaves the bound to `parity gate` over both
-    machines' directories: ok None, as when the session wrote nothing (text '')."""
+    candidate are gated (a tensor the reference's environment left unbounded fails unless
+    allow_unbounded_reference, as in `parity gate`); a session with one side only (gpu: the
+    reference; tpu: the candidates, each already held to its tolerance by its test) leaves the
+    bound to `parity gate` over both machines' directories: ok None, as when the session wrote
+    nothing (text '')."""
     # late: the harness, only when the session wrote under the report dir
     from parity.judge.gate import GateRefusal, evaluate, format_summary
     from parity.records import RecordError, iter_results, write_json
@@ -76,7 +80,12 @@ def session_gate(report_dir: Path, run_id: str, factor: float) -> tuple[str, boo
             f"parity gate {report_dir} <the other side's report dir>"
         ), None
     try:
-        result = evaluate(by_case, factor, compiles={c: v for c, v in compiles.items() if c in by_case})
+        result = evaluate(
+            by_case,
+            factor,
+            compiles={c: v for c, v in compiles.items() if c in by_case},
+            allow_unbounded_reference=allow_unbounded_reference,
+        )
     except GateRefusal as e:  # what the gate cannot compare is never a pass
         return f"parity gate: refused: {e}", False
     write_json(Path(report_dir) / "gate.json", result)

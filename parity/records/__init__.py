@@ -24,6 +24,7 @@ Everything but the manifests is importable from here.
 from parity.records.checks import check_compile, check_result, field_error
 from parity.records.schema import (
     SCHEMA_VERSION,
+    UNBOUNDED_REFERENCE,
     UNJUDGED,
     VERDICT_ORDER,
     ByCase,
@@ -53,6 +54,7 @@ from parity.records.store import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "UNBOUNDED_REFERENCE",
     "UNJUDGED",
     "VERDICT_ORDER",
     "ByCase",

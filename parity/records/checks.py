@@ -97,6 +97,7 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
     for f in ("versions", "notes"):
         if not isinstance(rec.get(f, {}), dict):
             bad(f, rec[f], "an object")
+    _check_fla_notes(rec.get("notes", {}), bad)
     if not isinstance(rec.get("case"), dict):
         bad("case", rec.get("case"), "a case object")
     try:
@@ -125,6 +126,46 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
                 bad(f"tensors.{name}.{k}", t[k], "a list or object")
         if "seeds" in t:
             _check_seeds(t["seeds"], f"tensors.{name}.seeds", bad)
+
+
+def _strings(d, keys) -> bool:
+    return isinstance(d, dict) and all(isinstance(d.get(k), str) for k in keys)
+
+
+def _check_refusal(refusal, field: str, bad) -> None:
+    if not (_strings(refusal, ("issue", "cause", "fix")) and isinstance(refusal.get("environment"), bool)):
+        bad(field, refusal, 'an object with strings "issue", "cause", "fix" and a bool "environment"')
+
+
+def _check_fla_notes(notes: dict, bad) -> None:
+    """The notes the gate reads about the reference's environment (parity.judge.environment), when
+    present: refusal, known_wrong, fla_launches, fallback. Malformed, they would hide a cause."""
+    if "refusal" in notes:
+        _check_refusal(notes["refusal"], "notes.refusal", bad)
+    wrong = notes.get("known_wrong") if notes.get("known_wrong") is not None else []
+    if not isinstance(wrong, list):
+        bad("notes.known_wrong", wrong, "a list of known-wrong entries")
+    for i, e in enumerate(wrong):
+        tensors = e.get("tensors") if isinstance(e, dict) else None
+        if not (_strings(e, ("issue", "kernel", "why", "fix")) and isinstance(tensors, list)):
+            bad(f"notes.known_wrong[{i}]", e, 'an object with strings "issue", "kernel", "why", "fix" and "tensors"')
+        if not all(isinstance(t, str) for t in tensors):
+            bad(f"notes.known_wrong[{i}].tensors", tensors, "a list of tensor names")
+    launches = notes.get("fla_launches") if notes.get("fla_launches") is not None else []  # null: not recorded
+    if not isinstance(launches, list):
+        bad("notes.fla_launches", launches, "a list of kernel launches")
+    for i, x in enumerate(launches):
+        if not (_strings(x, ("kernel", "module")) and isinstance(x.get("meta", {}), dict)):
+            bad(f"notes.fla_launches[{i}]", x, 'an object with strings "kernel", "module" and an object "meta"')
+        warps = x.get("num_warps")
+        if warps is not None and (not isinstance(warps, int) or isinstance(warps, bool)):
+            bad(f"notes.fla_launches[{i}].num_warps", warps, "an int or null")
+    if "fallback" in notes:
+        fb = notes["fallback"]
+        if not _strings(fb, ("from",)):
+            bad("notes.fallback", fb, 'an object with a string "from" (the platform that refused)')
+        if "refusal" in fb:
+            _check_refusal(fb["refusal"], "notes.fallback.refusal", bad)
 
 
 def _check_seeds(seeds, field: str, bad) -> None:

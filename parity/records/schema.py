@@ -113,10 +113,15 @@ VERDICT_ORDER = (
     "fail-accuracy",
     "fail-bound",
     "inconclusive",  # the bound undecided over the seeds allowed (parity.measure.compute_error)
+    "unbounded-reference",  # UNBOUNDED_REFERENCE: in tolerance, unbounded because of the reference's environment
     "unsupported",
     "not-judged",
     "pass",
 )
+# the gate's verdict of a candidate's tensor within its tolerance that the reference could not bound because
+# of its environment: FLA refused to run there, or ran a kernel known to compute that tensor wrong there
+# (parity.judge.environment); a failure unless --allow-unbounded-reference
+UNBOUNDED_REFERENCE = "unbounded-reference"
 # tensor verdicts that are no judgement: a tensor the backend cannot produce ("unsupported"), or
 # one a forward-only candidate was not asked for on a forward-and-backward case ("not-judged")
 UNJUDGED = ("unsupported", "not-judged")

@@ -136,8 +136,13 @@ def execute(backend: Backend, case: Case, inputs: dict[str, np.ndarray]) -> Back
         return BackendResult(**base, status="unsupported", error=str(e), wall_time_s=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - a failing case must never stop the run
         tb = traceback.format_exc(limit=-6)
+        known = getattr(e, "record_fields", {})  # where it failed, the versions and notes, when the error says
         return BackendResult(
-            **base, status="error", error=f"{type(e).__name__}: {e}\n{tb}", wall_time_s=time.perf_counter() - t0
+            **base,
+            status="error",
+            error=f"{type(e).__name__}: {e}\n{tb}",
+            wall_time_s=time.perf_counter() - t0,
+            **{k: known[k] for k in ("platform", "versions", "notes") if k in known},
         )
     return BackendResult(
         **{**base, "tensors": tensors},

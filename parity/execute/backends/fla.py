@@ -29,10 +29,11 @@ import numpy as np
 
 from cases import Case
 from cases.stages import stage_of
-from parity.execute.backends import triton_interpreter
+from parity.execute.backends import fla_lane_client, fla_launches, triton_interpreter
 from parity.execute.backends.base import Execution
 from parity.execute.backends.calling import GRAD_NAMES, run_torch
 from parity.execute.backends.stage_calling import run_stage_torch
+from parity.model import fla_known
 from parity.model.spec import REFERENCE, KernelCall, Unsupported
 
 # op -> (module, function)
@@ -68,6 +69,15 @@ def fla_chunk_size(case: Case) -> int:
 
 class FlaImportedTooEarly(RuntimeError):
     pass
+
+
+class FlaRefused(RuntimeError):
+    """FLA refused the case for a known reason (parity.model.fla_known.refusal_of): its message, then
+    the cause and the fix; record_fields: where it refused, the versions, and notes.refusal."""
+
+    def __init__(self, error: Exception, refusal: dict, platform: str, versions: dict):
+        super().__init__(f"{error}\nFLA refused ({refusal['issue']}): {refusal['cause']}; fix: {refusal['fix']}")
+        self.record_fields = {"platform": platform, "versions": versions, "notes": {"refusal": refusal}}
 
 
 def _cuda() -> bool:
@@ -138,29 +148,62 @@ class FlaBackend:
         )
 
     def run(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        """FLA's outputs for the case: from this run's FLA lane where it has lanes (parity.execute.backends.fla_lane;
+        from its interpreter lane when CUDA refused the case for a known reason of its environment and
+        the run asked for that fallback), else computed here."""
+        self.kernel_call(case)  # Unsupported first: nothing sent for a case FLA cannot run
+        if not fla_lane_client.lane_addresses():
+            return self.run_here(case, inputs)
+        try:
+            return fla_lane_client.call(fla_lane_client.pick_lane(case.id), case, inputs)
+        except fla_lane_client.LaneError as e:
+            refusal = e.record_fields.get("notes", {}).get("refusal") or {}
+            fallback = fla_lane_client.fallback_address()
+            if not (refusal.get("environment") and fallback):
+                raise
+            ex = fla_lane_client.call(fallback, case, inputs)
+            where = e.record_fields.get("platform", "cuda")
+            ex.notes["fallback"] = {
+                "from": where,
+                "refusal": refusal,
+                "what": f"FLA on {where} refused this case ({refusal.get('issue')}): this reference is FLA's "
+                "same kernels in the Triton interpreter on this machine's CPU (--fla-fallback interpreter)",
+            }
+            return ex
+
+    def run_here(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
+        """FLA's outputs for the case, computed in this process (on CUDA when it has a GPU, else in
+        Triton's interpreter); a known refusal of FLA's (parity.model.fla_known) raised as FlaRefused."""
         import torch
 
-        how = self.kernel_call(case)  # Unsupported first: nothing imported for a case FLA cannot run
+        how = self.kernel_call(case)
         cuda = _cuda()
         kernel = _kernel(case, cuda)
         if case.stage is None:
             call, run = _fla_call(case, how, kernel), run_torch
         else:
             call, run = kernel, run_stage_torch
-        if cuda:
-            run(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
-            tensors, seconds = run(call, case, inputs, "cuda", torch.cuda.synchronize)
-            platform = f"cuda:{torch.cuda.get_device_name()}"
-        else:
-            with np.errstate(all="ignore"):  # the interpreter's numpy sees masked-off exp overflows
-                tensors, seconds = run(call, case, inputs, "cpu")
-            platform = "cpu:triton-interpreter"
+        fla_launches.install(interpreted=not cuda)
+        platform = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:triton-interpreter"
+        try:
+            if cuda:
+                run(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
+                with fla_launches.recording() as ran:
+                    tensors, seconds = run(call, case, inputs, "cuda", torch.cuda.synchronize)
+            else:
+                with np.errstate(all="ignore"), fla_launches.recording() as ran:  # masked-off exp overflows
+                    tensors, seconds = run(call, case, inputs, "cpu")
+        except RuntimeError as e:
+            refusal = fla_known.refusal_of(str(e))
+            if refusal is None:
+                raise
+            raise FlaRefused(e, refusal, platform, _versions()) from e
         if cuda:
             numerics = "cuda"
         else:
             numerics = (
-                f"triton-interpreter-gpu-v3 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, "
-                "fixed-order fp32 dots, H100 tiles)"
+                f"triton-interpreter-gpu-v4 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, "
+                "fixed-order fp32 dots, sm_90 scan order, H100 tiles)"
             )
         return Execution(
             tensors=tensors,
@@ -169,7 +212,7 @@ class FlaBackend:
             versions=_versions() if cuda else {**_versions(), "numpy": np.__version__},
             kernel_time_s=seconds,
             numerics=numerics,
-            notes=_notes(case, tensors, cuda),
+            notes=_notes(case, tensors, cuda, ran, platform),
         )
 
 
@@ -215,16 +258,22 @@ def _fla_call(case: Case, how: KernelCall, fla_fn):
     return call
 
 
-def _notes(case: Case, tensors: dict, cuda: bool) -> dict:
+def _notes(case: Case, tensors: dict, cuda: bool, ran: fla_launches.Recording, platform: str) -> dict:
     """The record's notes: the chunk size FLA used, what the interpreter emulates and what its
-    bits depend on, and the gradients FLA returns none of (unsupported_tensors, with the reason)."""
+    bits depend on, the gradients FLA returns none of (unsupported_tensors, with the reason), the
+    kernels it launched with their configs and the backend of each dispatched function
+    (fla_launches), and FLA's results known to be wrong on this GPU and Triton (known_wrong)."""
     notes: dict = {"chunk_size": fla_chunk_size(case) if case.stage is None else case.chunk_size}
     if not cuda:
         notes["emulation"] = (
             "bf16 ops widened to fp32 and rounded back; fp32 dots in TF32, as on the GPU; "
-            "tiles sized for an H100's shared memory"
+            "cumsums combined in the order of Triton's sm_90 scan; tiles sized for an H100's shared memory"
         )
         notes["cpu_bits"] = triton_interpreter.what_the_bits_depend_on()
+    notes.update(ran.notes())
+    wrong = fla_known.known_wrong(platform, _versions(), notes["fla_launches"])
+    if wrong:
+        notes["known_wrong"] = wrong
     missing = {
         n: "FLA's autograd returns no gradient for it"
         for n in case.output_names()

@@ -1,9 +1,11 @@
 """Run unmodified Triton kernels (FLA's) on a CPU through Triton's interpreter.
 
-`TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but four things stop
-FLA's kernels from running or from computing the numbers an H100 computes.
+`TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but alone it neither runs
+FLA's kernels nor computes the numbers an H100 computes (1.-3. and 7. below).
 `enable()` handles them by patching the imported triton classes at run time; no installed
-file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5. and 6.):
+file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5. and 6.).
+The patches work under Triton 3.6, 3.7 and 3.9 (3.6.0: torch 2.11's; 3.7.1: torch 2.12.1's; 3.9.0: the newest), with
+the same bits (tests/test_triton_versions.py); what 3.6 and 3.7 need besides is in 1. and 3.:
 
 1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
    first config that survives the kernel's own pruning is taken, without benchmarking;
@@ -11,7 +13,9 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    many heads one program instance handles; the state's key and value blocks of the kernels
    whose dots sum over time alone) take their largest values among the configs otherwise
    equal to that first one, since the interpreter's time is per program instance
-   (tests/test_fla_backend.py compares the outputs bit for bit).
+   (tests/test_fla_backend.py compares the outputs bit for bit). Triton 3.6 and 3.7 benchmark
+   even the one config left, through the GPU driver: there the benchmark times nothing
+   (_patch_benchmarker).
 2. A plain Python `range` (and `tl.range`) loop variable is a tensor in a compiled kernel
    (FLA calls `i_t.to(tl.int64)` on it) but an int in the interpreter. Kernel sources are
    rewritten so those loops yield interpreter int32 scalars.
@@ -25,6 +29,9 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    per k in a fixed order (fixed_order_dot), never through numpy's BLAS, whose summation order
    follows the processor's BLAS kernel and the block shape: FLA's interpreted bits are the same
    under any BLAS kernel (OPENBLAS_CORETYPE), and a config's block shape changes no bit.
+   Triton 3.6 and 3.7's interpreter has no bf16 scalar constant (get_bf16), rounds fma twice and
+   lets a NaN operand through tl.minimum / tl.maximum / tl.clamp, which 3.9 and the GPU do not:
+   there those are computed as in 3.9 (_patch_builder_as_in_triton_3_9).
 4. FLA sizes its tiles and autotune config lists at import from the GPU's shared memory: on
    a CPU its probe finds no GPU, and FLA takes the tiles of the smallest GPU (BK 16, 32-wide
    chunk tiles), which no H100 runs. `request()` makes the probe answer as an H100 does
@@ -43,6 +50,12 @@ file is modified (and makes FLA take an H100's tiles, 4., and the interpreter fa
    blocks of one shape, or two scalars, returns them as they are, as triton's own code does
    after comparing them dimension by dimension. kda-fwdbwd-B2-T128-H2-K64-V64-bf16-C128-g_logsig-h0:
    about 15% less CPU time; the same bits (tests/test_fla_backend.py).
+7. `tl.cumsum` and `tl.cumprod` (and `tl.associative_scan` with their combine functions) combine
+   in the order of Triton's GPU lowering of the scan, for the layout Triton gives the operand on
+   sm_90 (parity.execute.backends.gpu_scan); numpy's cumsum adds sequentially, and FLA's g_cumsum
+   came out with up to twice the GPU's error (H200). The layout follows the launch's num_warps
+   and, for the kernels in SCAN_VECTOR_WIDTH, the vector width Triton's coalescing gives them
+   (read from their ttgir); a scan with any other combine function stays sequential.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ import os
 
 import numpy as np
 
+from parity.execute.backends import gpu_scan
 from parity.model import gpu
 
 _enabled = False
@@ -114,7 +128,7 @@ def interpreting_fla() -> bool:
 
 
 def enable() -> None:
-    """Request the interpreter and install the fixes and speed-ups 1.-3., 5. and 6. (idempotent)."""
+    """Request the interpreter and install the fixes and speed-ups 1.-3. and 5.-7. (idempotent)."""
     global _enabled
     request()
     if _enabled:
@@ -122,7 +136,10 @@ def enable() -> None:
     from triton.runtime import autotuner, interpreter
 
     _patch_autotuner(autotuner.Autotuner)
+    _patch_benchmarker(autotuner.Autotuner)
     _patch_range(interpreter)
+    _patch_builder_as_in_triton_3_9(interpreter)
+    _patch_scan_order(interpreter)  # before 3., whose bfloat16 wrapper wraps the scans installed here
     _patch_bfloat16(interpreter)
     _patch_lang_once_per_launch(interpreter)
     _patch_front_end(interpreter)
@@ -169,6 +186,21 @@ def _patch_autotuner(Autotuner) -> None:
     Autotuner.prune_configs = one_config
 
 
+def _patch_benchmarker(Autotuner) -> None:
+    """No timing in the interpreter. Triton 3.9 takes a key's config without benchmarking when
+    prune_configs leaves one; Triton 3.6 and 3.7 time the configs left even then, through
+    `do_bench`, which asks `driver.active` for the GPU's benchmarker (on a CPU: "RuntimeError:
+    0 active drivers"). Here `do_bench` runs nothing and times every config alike, so the
+    benchmark's min() takes the one config prune_configs left, as 3.9 does; what 3.6 and 3.7
+    do around the timing stays theirs (the key's cache, the pre-hook's reset of reset_to_zero
+    arguments, which FLA's ops here have none of). Under 3.9 it is not reached."""
+
+    def untimed(kernel_call, quantiles=None):
+        return [0.0] * len(quantiles) if quantiles else 0.0
+
+    Autotuner.do_bench = property(lambda self: untimed)
+
+
 # 2. range loop variables -----------------------------------------------------------------
 
 RANGE_NAME = "_parity_tensor_range"
@@ -207,6 +239,74 @@ def _patch_range(interpreter) -> None:
 
 
 # 3. bfloat16 arithmetic ------------------------------------------------------------------
+
+
+def fused_fma32(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """x * y + z in float32 rounded once (to nearest even), as the GPU's fma.rn.f32 and Triton
+    3.9's interpreter (its C++ fma_fp32) compute it. The product is exact in float64 (24 + 24
+    bits); the float64 sum is rounded to odd (TwoSum gives its exact error; an inexact sum with
+    an even last bit moves one ulp towards the exact value), and a float64 rounded to odd rounds
+    to float32 correctly (53 >= 24 + 2 bits): no double rounding."""
+    x, y, z = np.broadcast_arrays(*(np.asarray(a, np.float32) for a in (x, y, z)))
+    p = x.astype(np.float64) * y.astype(np.float64)
+    z64 = z.astype(np.float64)
+    s = p + z64
+    b = s - p
+    e = (p - (s - b)) + (z64 - b)  # s + e == p + z exactly
+    even = (s.view(np.uint64) & np.uint64(1)) == 0
+    s = np.where((e != 0) & even & np.isfinite(s), np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def _patch_builder_as_in_triton_3_9(interpreter) -> None:
+    """Where the installed InterpreterBuilder lacks what Triton 3.9's computes as the GPU does,
+    the same computation (each checked on the builder itself; Triton 3.9 takes none of them,
+    3.6 and 3.7 all four):
+    - get_bf16, a bfloat16 scalar constant (`b_x * 0.5` with b_x bf16, in FLA's backward
+      kernels): 3.6 and 3.7's semantic asks the builder for it and their builder has none
+      (AttributeError). Added as 3.9 has it: the float32 constant through create_fp_trunc,
+      which cast_impl rounds to nearest even.
+    - create_fma: 3.6 and 3.7 compute x * y + z with numpy, rounding twice; the GPU's fma (and
+      3.9's, through triton's C++ fma_fp32) rounds once. Where triton has no fma_fp32: float32
+      by fused_fma32, float16 as 3.9 computes it (float64 product and sum, then float16); a
+      float64 fma stays the builder's own, rounded twice (numpy has no float64 fma; no FLA
+      kernel here has one).
+    - create_minnumf / create_maxnumf (tl.minimum / tl.maximum, propagate_nan NONE): 3.6 and
+      3.7 use np.minimum / np.maximum, which return NaN where one operand is NaN; the GPU's
+      min.f32 / max.f32 (and 3.9: np.fmin / np.fmax) return the other operand.
+    - create_clampf with propagate_nan NONE: 3.6 and 3.7 np.clip (NaN stays NaN); 3.9, as the
+      GPU's maxnum then minnum, np.fmax then np.fmin (a NaN becomes the lower bound)."""
+    import triton.language as tl
+
+    Builder, TensorHandle = interpreter.InterpreterBuilder, interpreter.TensorHandle
+    if not hasattr(Builder, "get_bf16"):
+        Builder.get_bf16 = lambda self, value: self.create_fp_trunc(self.get_fp32(value), tl.bfloat16)
+    if not hasattr(interpreter._interpreter, "fma_fp32"):
+        own_fma = Builder.create_fma
+
+        def create_fma(self, x, y, z):
+            if z.data.dtype == np.float32:
+                return TensorHandle(fused_fma32(x.data, y.data, z.data), z.dtype.scalar)
+            if z.data.dtype == np.float64:
+                return own_fma(self, x, y, z)
+            product = np.multiply(x.data, y.data, dtype=np.float64)
+            return TensorHandle(np.add(product, z.data, dtype=np.float64).astype(z.data.dtype), z.dtype.scalar)
+
+        Builder.create_fma = create_fma
+    builder = Builder()
+    nan, zero, one = (TensorHandle(np.array([v], np.float32), tl.float32) for v in (np.nan, 0.0, 1.0))
+    if np.isnan(builder.create_minnumf(nan, one).data[0]):
+        Builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
+        Builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+    if np.isnan(builder.create_clampf(nan, zero, one, tl.PropagateNan.NONE).data[0]):
+        own_clamp = Builder.create_clampf
+
+        def create_clampf(self, arg, lo, hi, propagate_nans):
+            if propagate_nans == tl.PropagateNan.NONE:
+                return self.binary_op(self.binary_op(arg, lo, np.fmax), hi, np.fmin)
+            return own_clamp(self, arg, lo, hi, propagate_nans)
+
+        Builder.create_clampf = create_clampf
 
 
 class _Bfloat16:
@@ -461,3 +561,89 @@ def _patch_front_end(interpreter) -> None:
 
     broadcast_impl_value.original = broadcast
     semantic.TritonSemantic.broadcast_impl_value = broadcast_impl_value
+
+
+# 7. the GPU's scan order -----------------------------------------------------------------
+
+# the num_warps of a launch that names none (triton's CUDAOptions.num_warps)
+DEFAULT_NUM_WARPS = 4
+VECTOR_BITS = 128  # the widest global load or store of one thread
+
+
+def _pow2_divisor(n: int) -> int:
+    """The largest power of two dividing n: the alignment, in elements, of rows n elements apart."""
+    return n & -n
+
+
+def _bits(tensor) -> int:
+    return tensor.element_size() * 8
+
+
+# kernel name -> the scan operand's elements per thread along its last (fastest) dimension on sm_90,
+# from the launch's arguments by name: the vector width Triton's coalesce pass gives the kernel's
+# global loads and stores, which the scan takes. Read from the ttgir of FLA 0.6.0's kernels compiled
+# for sm_90 by Triton 3.6, 3.8 and 3.9 (tests/test_gpu_scan.py checks the installed Triton's):
+# - chunk_local_cumsum_scalar_kernel: [BT] read with stride H from offsets of unknown alignment:
+#   sizePerThread [1], threadsPerWarp [32], warpsPerCTA [num_warps], whatever H.
+# - chunk_local_cumsum_vector_kernel: [BT, BS] of rows S elements apart; the scan takes the store's
+#   layout: 128 bits of o's dtype, at most the alignment of S (fp32 o, S = 64: sizePerThread [1, 4],
+#   threadsPerWarp [4, 8] at BS 32, [2, 16] at BS 64; S = 6: [1, 2]; an fp32 s with a bf16 o: [1, 8];
+#   a bf16 s with an fp32 o: [1, 4]).
+# - chunk_gla_bwd_kernel_inter: dg [BT, BK] from q, k and their gradients, rows K apart: 128 bits of
+#   q's dtype, at most the alignment of K (fp32: [1, 4]; bf16: [1, 8]; bf16 at K = 100: [1, 4]).
+# A scan in any other kernel is taken in Triton's layout before coalescing, one element per thread
+# along every dimension: an assumption, right where the operand was loaded without known alignment.
+SCAN_VECTOR_WIDTH = {
+    "chunk_local_cumsum_scalar_kernel": lambda args: 1,
+    "chunk_local_cumsum_vector_kernel": lambda args: min(VECTOR_BITS // _bits(args["o"]), _pow2_divisor(args["S"])),
+    "chunk_gla_bwd_kernel_inter": lambda args: min(VECTOR_BITS // _bits(args["q"]), _pow2_divisor(args["K"])),
+}
+
+
+def scan_layout(kernel: str, arguments: dict, num_warps: int, shape: tuple[int, ...]):
+    """The blocked layout Triton gives a scan operand of `shape` in `kernel` launched with
+    `arguments` (by name) and `num_warps` on sm_90: SCAN_VECTOR_WIDTH's elements per thread along
+    the last dimension (1 for a kernel not listed, and for 1-D operands), at most the tensor's
+    elements per thread (the coalesce pass's cap), and gpu_scan.blocked_layout's lanes and warps."""
+    rule = SCAN_VECTOR_WIDTH.get(kernel)
+    width = rule(arguments) if rule is not None and len(shape) > 1 else 1
+    elements = int(np.prod(shape))
+    width = max(1, min(width, shape[-1], elements // (gpu_scan.WARP_SIZE * num_warps)))
+    return gpu_scan.blocked_layout(shape, num_warps, (1,) * (len(shape) - 1) + (width,))
+
+
+def _patch_scan_order(interpreter) -> None:
+    """The interpreter's cumsum and cumprod fast paths (ScanOps, which gets the axis already read
+    backwards for reverse=True) combine in gpu_scan's order for scan_layout of the running launch,
+    which InterpretedFunction.run records: its kernel, arguments and num_warps (an autotuner's
+    config passes num_warps there; the interpreter itself ignores it). Integer scans are exact in
+    any order and stay numpy's."""
+    running: list[tuple[str, dict, int]] = []  # per launch in progress: kernel, arguments, num_warps
+    original_run = interpreter.InterpretedFunction.run
+
+    @functools.wraps(original_run)
+    def run(self, *args, grid, warmup, **kwargs):
+        arguments = {**dict(zip(self.arg_names, args)), **kwargs}
+        running.append((self.fn.__name__, arguments, kwargs.get("num_warps") or DEFAULT_NUM_WARPS))
+        try:
+            return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        finally:
+            running.pop()
+
+    def in_gpu_order(combine, original):
+        @functools.wraps(original)
+        def scan(self, input):
+            data = input.handle.data
+            if not np.issubdtype(data.dtype, np.floating):
+                return original(self, input)
+            kernel, arguments, num_warps = running[-1] if running else ("", {}, DEFAULT_NUM_WARPS)
+            layout = scan_layout(kernel, arguments, num_warps, data.shape)
+            along = gpu_scan.scan_axis(layout, data.shape, self.axis)
+            return [self.to_tensor(gpu_scan.gpu_scan(data, self.axis, along, combine), dtype=input.dtype)]
+
+        scan.original = original
+        return scan
+
+    interpreter.InterpretedFunction.run = run
+    interpreter.ScanOps.cumsum = in_gpu_order(np.add, interpreter.ScanOps.cumsum)
+    interpreter.ScanOps.cumprod = in_gpu_order(np.multiply, interpreter.ScanOps.cumprod)
