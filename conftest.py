@@ -11,6 +11,10 @@ compiler's defaults regardless. The flag is set before jax is imported (jax read
 workers inherit it), the emitter once per test process (`_interpret_effort`), with TPU interpret
 mode's callbacks as the harness calls them (parity.execute.interpret_callbacks).
 
+FLA's records and TPU compiles are not reused from the harness's cache (PARITY_FRESH=fla,tpu_compile,
+unless set): a test that runs FLA or the compiler checks what they compute now, whatever an earlier
+test or run stored (tests/test_reuse.py tests the reuse itself); the oracle's cache stays in use.
+
 Every test function runs with room on CPython's frame stack (parity.execute.stack_room): its
 speed does not depend on how deep pytest and xdist call it.
 """
@@ -21,6 +25,7 @@ import os
 import pytest
 
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+os.environ.setdefault("PARITY_FRESH", "fla,tpu_compile")  # parity.model.environ.FRESH
 
 pytest_plugins = ["parity.pytest_plugin", "pytester"]
 

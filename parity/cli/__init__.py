@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from cases import CaseError
-from parity.cli import calibrate, cases, compile, diff, fuzz, gate, localise, mutants, power, report, repro, run
+from parity.cli import calibrate, cases, compile, diff, fuzz, gate, localise, mutants, power, report, repro, run, watch
 from parity.cli.common import UsageError
 from parity.judge.diff import DiffRefusal
 from parity.judge.gate import GateRefusal
@@ -28,6 +28,7 @@ from parity.records import RecordError
 COMMANDS = (
     cases,
     run,
+    watch,
     compile,
     localise,
     mutants,

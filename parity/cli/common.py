@@ -11,7 +11,11 @@ from pathlib import Path
 from cases import OPS, Case
 from cases.inputs import MAX_INPUT_BYTES, MAX_INPUT_ELEMENTS
 from parity.cli import args as check
+from parity.execute.runner import RunConfig
+from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model import options
+from parity.model.options import ALLOW_UNBOUNDED_REFERENCE, FRESH
+from parity.model.spec import FRAMEWORKS
 from parity.model.targets import TARGETS
 
 try:
@@ -19,6 +23,9 @@ try:
     from parity.html import write_report as html_report
 except ImportError:
     html_report = None
+
+
+DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
 
 
 class UsageError(Exception):
@@ -147,3 +154,83 @@ def write_report(dirs: list[Path], out: Path) -> Path | None:
     if html_report is None:
         return None
     return html_report(dirs, out)
+
+
+def run_options(sp) -> None:
+    """The options of what runs and how it is judged, `parity run`'s and `parity watch`'s: the cases,
+    the backends and candidates, the output directory, the workers, the seeds, the gate's, the TPU's
+    and FLA's (read by run_config and judge_run)."""
+    selection_options(sp, single=True)
+    sp.add_argument(
+        "--backends",
+        metavar="LIST",
+        type=check.backend_list,
+        default=None,
+        help=f"comma-separated (default {DEFAULT_BACKENDS}, less the built-in kernels that have "
+        "no kernel for any selected case)",
+    )
+    sp.add_argument(
+        "--candidate",
+        metavar="SPEC",
+        action="append",
+        help=f"NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK one of {', '.join(FRAMEWORKS)} (repeatable)",
+    )
+    sp.add_argument("--out", metavar="DIR", type=check.output_dir, help="output directory (default reports/<suite>)")
+    sp.add_argument("-j", "--jobs", metavar="N", type=check.positive_int, default=1, help="parallel worker processes")
+    sp.add_argument(
+        "--timeout",
+        metavar="S",
+        type=check.seconds,
+        default=900.0,
+        help="seconds a worker may spend on one backend of a case (its import included) before it is killed",
+    )
+    bound_factor_option(sp)
+    sp.add_argument(
+        "--seeds",
+        metavar="MIN:MAX",
+        type=check.seeds,
+        default=(SEEDS_MIN, SEEDS_MAX),
+        help=f"input seeds per case, MIN:MAX (default {SEEDS_MIN}:{SEEDS_MAX}): the case's own seed, then seeds "
+        "derived from it while the bound is undecided (fewer than MIN only when far from the bound)",
+    )
+    sp.add_argument(
+        "--allow-inconclusive",
+        action="store_true",
+        help="the run's own gate passes a tensor whose bound stays undecided at MAX seeds (listed apart)",
+    )
+    sp.add_argument(
+        "--" + ALLOW_UNBOUNDED_REFERENCE.name,
+        action="store_true",
+        help="the run's own gate: " + ALLOW_UNBOUNDED_REFERENCE.help,
+    )
+    sp.add_argument("--" + FRESH.name, action="store_true", help=FRESH.help)
+    tpu_options(sp)
+    interpret_as_option(sp)
+    fla_options(sp)
+    sp.add_argument(
+        "--tpu-numerics",
+        metavar="MODEL",
+        default="",
+        choices=["", "tpu-mxu-v1", "float32"],
+        help="how jax candidates' dots compute off a TPU: tpu-mxu-v1 (default: as the TPU's MXU) "
+        "or float32 (interpret mode's own, for comparison)",
+    )
+
+
+def run_config(a, out: Path, specs, targets, run_id: str = "") -> RunConfig:
+    """The RunConfig of run_options' values `a`."""
+    return RunConfig(
+        out_dir=out,
+        backends=specs,
+        jobs=a.jobs,
+        timeout_s=a.timeout,
+        run_id=run_id,
+        progress=not getattr(a, "no_progress", False),
+        tpu_targets=targets,
+        numerics=a.tpu_numerics,
+        seeds=a.seeds,
+        fla_lanes=a.fla_lanes,
+        fla_fallback=a.fla_fallback,
+        fla_configs=a.fla_configs,
+        fresh=getattr(a, FRESH.dest),
+    )

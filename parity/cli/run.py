@@ -9,99 +9,40 @@ from pathlib import Path
 
 from parity.cli import args as check
 from parity.cli.common import (
+    DEFAULT_BACKENDS,
     UsageError,
-    bound_factor_option,
-    fla_options,
-    interpret_as_option,
     interrupted_status,
     prepare_out,
+    run_config,
+    run_options,
     select_cases,
-    selection_options,
-    tpu_options,
     tpu_targets,
     write_report,
 )
 from parity.execute.backends import check_specs_isolated
 from parity.execute.backends.jax_backends import PallasBackend
-from parity.execute.runner import RunConfig, run_cases, shard
+from parity.execute.runner import run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
 from parity.judge.case import deciding_tensor
 from parity.judge.gate import GateRefusal, format_summary, run_gate
 from parity.measure.compare import fmt
-from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model.host import tpu_attached
 from parity.model.options import ALLOW_UNBOUNDED_REFERENCE
-from parity.model.spec import FRAMEWORKS
 from parity.records import UNJUDGED, RecordError
-
-DEFAULT_BACKENDS = "oracle,fla,pallas,pallas-fused"
 
 
 def add_parser(sub) -> None:
     sp = sub.add_parser("run", help="run cases through backends and write per-case reports")
-    selection_options(sp, single=True)
-    sp.add_argument(
-        "--backends",
-        metavar="LIST",
-        type=check.backend_list,
-        default=None,
-        help=f"comma-separated (default {DEFAULT_BACKENDS}, less the built-in kernels that have "
-        "no kernel for any selected case)",
-    )
-    sp.add_argument(
-        "--candidate",
-        metavar="SPEC",
-        action="append",
-        help=f"NAME=FRAMEWORK:MODULE:FUNCTION, FRAMEWORK one of {', '.join(FRAMEWORKS)} (repeatable)",
-    )
-    sp.add_argument("--out", metavar="DIR", type=check.output_dir, help="output directory (default reports/<suite>)")
-    sp.add_argument("-j", "--jobs", metavar="N", type=check.positive_int, default=1, help="parallel worker processes")
+    run_options(sp)
     sp.add_argument("--shard", metavar="I/N", type=check.shard, help="run shard I/N of the cases (1-based)")
-    sp.add_argument(
-        "--timeout",
-        metavar="S",
-        type=check.seconds,
-        default=900.0,
-        help="seconds a worker may spend on one backend of a case (its import included) before it is killed",
-    )
-    bound_factor_option(sp)
-    sp.add_argument(
-        "--seeds",
-        metavar="MIN:MAX",
-        type=check.seeds,
-        default=(SEEDS_MIN, SEEDS_MAX),
-        help=f"input seeds per case, MIN:MAX (default {SEEDS_MIN}:{SEEDS_MAX}): the case's own seed, then seeds "
-        "derived from it while the bound is undecided (fewer than MIN only when far from the bound)",
-    )
-    sp.add_argument(
-        "--allow-inconclusive",
-        action="store_true",
-        help="the run's own gate passes a tensor whose bound stays undecided at MAX seeds (listed apart)",
-    )
-    sp.add_argument(
-        "--" + ALLOW_UNBOUNDED_REFERENCE.name,
-        action="store_true",
-        help="the run's own gate: " + ALLOW_UNBOUNDED_REFERENCE.help,
-    )
     sp.add_argument("--no-html", action="store_true", help="do not write index.html")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    tpu_options(sp)
-    interpret_as_option(sp)
-    fla_options(sp)
-    sp.add_argument(
-        "--tpu-numerics",
-        metavar="MODEL",
-        default="",
-        choices=["", "tpu-mxu-v1", "float32"],
-        help="how jax candidates' dots compute off a TPU: tpu-mxu-v1 (default: as the TPU's MXU) "
-        "or float32 (interpret mode's own, for comparison)",
-    )
     sp.set_defaults(fn=cmd_run)
 
 
 def cmd_run(a) -> int:
     cases = select_cases(a)
-    texts = list(a.backends or _default_backends(cases)) + list(a.candidate or [])
+    texts = list(a.backends or default_backends(cases)) + list(a.candidate or [])
     specs = check_specs_isolated(texts, a.timeout)  # SpecError: parity.cli.main writes it with its flag
     if a.shard:
         cases = shard(cases, *a.shard)
@@ -118,23 +59,8 @@ def cmd_run(a) -> int:
         file=sys.stderr,
     )
     with exported(identity):  # the workers read it (parity.execute.tpu_identity)
-        summary = run_cases(
-            cases,
-            RunConfig(
-                out_dir=out,
-                backends=specs,
-                jobs=a.jobs,
-                timeout_s=a.timeout,
-                progress=not a.no_progress,
-                tpu_targets=targets,
-                numerics=a.tpu_numerics,
-                seeds=a.seeds,
-                fla_lanes=a.fla_lanes,
-                fla_fallback=a.fla_fallback,
-                fla_configs=a.fla_configs,
-            ),
-        )
-    gate, rc, gate_text = (None, 0, "") if summary["interrupted"] else _judge(out, specs, summary, a)
+        summary = run_cases(cases, run_config(a, out, specs, targets))
+    gate, rc, gate_text = (None, 0, "") if summary["interrupted"] else judge_run(out, specs, summary, a)
     print_table(summary, gate)
     if summary["interrupted"]:
         done = len({r["case_id"] for r in summary["results"]})
@@ -157,7 +83,7 @@ def cmd_run(a) -> int:
     return rc
 
 
-def _default_backends(cases) -> list[str]:
+def default_backends(cases) -> list[str]:
     """DEFAULT_BACKENDS less the built-in Pallas kernels that have no kernel for any of the cases
     (named on stderr); a backend asked for with --backends is always run, and judged."""
     specs = DEFAULT_BACKENDS.split(",")
@@ -170,7 +96,7 @@ def _default_backends(cases) -> list[str]:
     return [s for s in specs if s not in idle]
 
 
-def _judge(out: Path, specs, summary: dict, a) -> tuple[dict | None, int, str]:
+def judge_run(out: Path, specs, summary: dict, a) -> tuple[dict | None, int, str]:
     """(the gate's result or None, the exit status, the gate's text) of a finished run: the gate
     where a reference and a candidate ran; else the candidates' and the oracle's records on their
     tolerance alone (the reference's are findings)."""
@@ -231,7 +157,10 @@ def print_table(summary: dict, gate: dict | None) -> None:
             f"{TOLERANCE_ONLY}: each tensor against its tolerance alone"
         )
     t = summary["timing"]
-    share = ", ".join(f"{b} {s:.1f}s" for b, s in t["per_backend_s"].items())
+    reused = t.get("reused") or {}
+    share = ", ".join(
+        f"{b} {s:.1f}s" + (f" ({reused[b]} reused)" if reused.get(b) else "") for b, s in t["per_backend_s"].items()
+    )
     overhead = t["harness_overhead_share"]
     print(
         f"{summary['cases']} cases in {summary['wall_time_s']:.1f} s (-j {summary['jobs']}); backend time: {share}; "

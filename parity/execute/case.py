@@ -135,6 +135,7 @@ def summary_line(rec: dict) -> dict:
         "worst_rel_rms": worst_eps,
         "wall_time_s": rec.get("wall_time_s"),
         "kernel_time_s": rec.get("kernel_time_s"),
+        "reused": bool((rec.get("notes") or {}).get("reused")),  # a stored result (FLA's), not run now
         "error": (rec.get("error") or "").splitlines()[0][:300] if rec.get("error") else None,
         "input_hash": rec.get("input_hash"),
     }

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cases import Case
 from parity.execute.case import summary_line
-from parity.execute.worker import BackendStarted, CaseEnded, Done, HarnessError, InputsMade, worker_main
+from parity.execute.worker import BackendStarted, CaseEnded, Done, HarnessError, InputsMade, Reload, worker_main
 from parity.model.spec import as_spec
 from parity.records import base_record, result_path, write_record
 
@@ -221,6 +221,17 @@ class WorkerPool:
         fresh = self.new_worker()
         self.workers[self.workers.index(w)] = fresh
         return fresh
+
+    def reload(self, reload: Reload) -> None:
+        """Send `reload` to every started worker (none may be busy); one whose pipe is gone is replaced."""
+        if self.busy:
+            raise RuntimeError("reload while workers are busy")
+        for w in [w for w in self.workers if w.proc is not None]:
+            try:
+                w.conn.send(reload)
+            except (OSError, BrokenPipeError):
+                w.kill()
+                self.idle[self.idle.index(w)] = self._replace(w)
 
     def close(self, kill: bool = False) -> None:
         """End every worker: asked to exit (killed after 10 s), or killed at once when `kill`."""

@@ -20,6 +20,10 @@ serialised is written as an error record; the parent's own failure path writes w
 can and never raises. A manifest (parity.records.manifest) lists what the run is meant to write,
 before the first worker starts and again at the end. SIGINT or SIGTERM end the workers,
 remove their .tmp-* files and leave a summary of what finished (summary["interrupted"]).
+
+`WarmWorkers` keeps the workers and FLA's lanes across runs of one config (`parity watch`): runs on
+them leave them running, and `reload` has every worker forget the user's modules and candidates
+(parity.execute.worker.Reload) so that the next run imports them afresh.
 """
 
 from __future__ import annotations
@@ -38,12 +42,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case
+from parity.execute import verified_cache
 from parity.execute.backends import as_spec, fla_lane, fla_launches, parse_specs
-from parity.execute.backends.oracle import cache_dir
 from parity.execute.pool import WorkerPool
-from parity.execute.worker import CaseEnded, Done
+from parity.execute.worker import CaseEnded, Done, Reload
 from parity.measure import tpu_numerics
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
+from parity.model import environ
 from parity.records import SCHEMA_VERSION, encode_nonfinite, write_json
 from parity.records.manifest import write_manifest
 
@@ -66,6 +71,7 @@ class RunConfig:
     fla_lanes: int | None = None  # FLA's lanes (parity.execute.backends.fla_lane.started; None: auto)
     fla_fallback: bool = False  # cases CUDA refuses for a known reason go to FLA in the interpreter
     fla_configs: Path | None = None  # FLA configs to pin (parity.execute.backends.fla_launches)
+    fresh: bool = False  # ignore every cache (oracle, FLA, TPU compiles): PARITY_FRESH=1 for the workers
 
     def __post_init__(self):
         if not (isinstance(self.jobs, int) and self.jobs >= 1):
@@ -175,24 +181,72 @@ def _on_sigterm(signum, frame):
 
 def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
     """.tmp-<pid>-* files of the given processes (a killed worker's half-written record or
-    oracle cache entry)."""
-    for d in (Path(out_dir), cache_dir()):
+    cache entry)."""
+    for d in (Path(out_dir), *(verified_cache.cache_dir(kind) for kind in verified_cache.KINDS)):
         for p in d.rglob(".tmp-*") if d.is_dir() else ():
             if any(p.name.startswith(f".tmp-{pid}-") for pid in pids):
                 p.unlink(missing_ok=True)
 
 
-def run_cases(cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Callable = Schedule) -> dict:
+def run_cases(
+    cases: list[Case], cfg: RunConfig, schedule: type[Schedule] | Callable = Schedule, warm: WarmWorkers | None = None
+) -> dict:
     """Run every case through cfg.backends (parsed here, once; SpecError on a bad one), in the
     units `schedule(cases, specs)` plans (default: every case through every backend); returns
     the run summary (also written to summary.json). summary["interrupted"] is 'SIGINT' or
-    'SIGTERM' when a signal ended the run early. cfg is not changed."""
+    'SIGTERM' when a signal ended the run early. cfg is not changed. With `warm`, the run uses
+    its workers and FLA's lanes and leaves them running (killed when a signal ends the run)."""
+    if warm is not None and (cfg.run_id != warm.run_id or Path(cfg.out_dir) != warm.out_dir):
+        raise ValueError("a run on warm workers must have their run id and output directory")
     run = _plan(cases, cfg, schedule)
     run.write_manifest()
     # the workers and FLA's lanes inherit these, for this run only
-    with tpu_numerics.exported(cfg.numerics), fla_launches.pinned(cfg.fla_configs):
-        drained = _drain(run)
+    fresh = {environ.FRESH: "1"} if cfg.fresh else {}
+    with tpu_numerics.exported(cfg.numerics), fla_launches.pinned(cfg.fla_configs), environ.exported(fresh):
+        drained = _drain(run, warm)
     return _summary(run, drained)
+
+
+class WarmWorkers:
+    """Workers and FLA's lanes kept across runs of the same config (`parity watch`): a context
+    manager; run_cases(..., warm=this) runs on them, `reload` makes them import the user's changed
+    modules afresh. A worker that fails or hangs is killed and replaced as in any run."""
+
+    def __init__(self, cfg: RunConfig, size: int):
+        self.cfg, self.size = cfg, size
+        self.run_id, self.out_dir = cfg.run_id, Path(cfg.out_dir)
+        if not self.run_id:
+            raise ValueError("warm workers need the run id of every run on them")
+        self.pool: WorkerPool | None = None
+        self.lanes: list = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> WarmWorkers:
+        cfg = self.cfg
+        uses_fla = any(as_spec(s).side == "reference" for s in cfg.backends)
+        stack = self._stack.__enter__()
+        try:
+            stack.enter_context(tpu_numerics.exported(cfg.numerics))
+            stack.enter_context(fla_launches.pinned(cfg.fla_configs))
+            self.lanes = stack.enter_context(fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, self.size))
+            self.pool = WorkerPool(self.size, self.out_dir, self.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
+            self.pool.start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def reload(self, modules: list[str], files: list[str]) -> None:
+        """Every worker forgets these modules and the modules of these files, and its candidates."""
+        self.pool.reload(Reload(tuple(modules), tuple(str(f) for f in files)))
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self.pool is not None:
+                self.pool.close(kill=True)
+                _remove_temporaries(self.out_dir, {os.getpid(), *self.pool.pids})
+        finally:
+            self._stack.__exit__(*exc)
 
 
 @dataclasses.dataclass
@@ -297,16 +351,22 @@ class _Units:
         self.progress.total = self.run.schedule.planned
 
 
-def _drain(run: _Run) -> _Drained:
-    """Run the schedule's units over cfg.jobs workers until none is left or a signal ends the run;
-    the workers are ended and their .tmp-* files removed whatever happens."""
+def _drain(run: _Run, warm: WarmWorkers | None = None) -> _Drained:
+    """Run the schedule's units over cfg.jobs workers (or `warm`'s) until none is left or a signal
+    ends the run; the workers are ended (warm ones only by a signal or a failure of the loop) and
+    their .tmp-* files removed whatever happens."""
     cfg = run.cfg
     t0 = time.perf_counter()
     units = _Units(run)
     size = max(1, min(cfg.jobs, run.schedule.planned))
-    pool = WorkerPool(size, run.out_dir, run.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
     uses_fla = any(s.side == "reference" for s in run.specs)
-    with _sigterm_interrupts(), fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, size) as lanes:
+    if warm is None:
+        pool = WorkerPool(size, run.out_dir, run.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
+        lanes_running = fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, size)
+    else:
+        pool, lanes_running = warm.pool, contextlib.nullcontext(warm.lanes)
+    ended = False
+    with _sigterm_interrupts(), lanes_running as lanes:
         units.drained.fla_lanes = lanes
         try:
             pool.start()
@@ -314,13 +374,15 @@ def _drain(run: _Run) -> _Drained:
                 units.hand_out(pool)
                 for unit, event in pool.events(wait_s=1.0):
                     units.take(unit, event)
+            ended = True
         except KeyboardInterrupt:
             units.drained.interrupted = "SIGINT"
         except Interrupted as e:
             units.drained.interrupted = str(e)
         finally:
             units.progress.close()
-            pool.close(kill=units.drained.interrupted is not None)
+            if warm is None or not ended:
+                pool.close(kill=units.drained.interrupted is not None or warm is not None)
             _remove_temporaries(run.out_dir, {os.getpid(), *pool.pids})
     units.drained.wall = time.perf_counter() - t0
     return units.drained
@@ -358,6 +420,7 @@ def _summary(run: _Run, drained: _Drained) -> dict:
         "fla_lanes": drained.fla_lanes,
         "fla_fallback": cfg.fla_fallback,
         "fla_configs": str(cfg.fla_configs) if cfg.fla_configs else None,
+        "fresh": cfg.fresh,
         "interrupted": drained.interrupted,
         "timing": _timing_summary(lines, drained.timings, drained.wall),
         "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),
@@ -369,14 +432,18 @@ def _summary(run: _Run, drained: _Drained) -> dict:
 
 def _timing_summary(lines: list[dict], timings: dict, wall: float) -> dict:
     per_backend: dict[str, float] = {}
+    reused: dict[str, int] = {}  # backend -> records reused from the harness's cache (FLA's), not run
     for ln in lines:
         per_backend[ln["backend"]] = per_backend.get(ln["backend"], 0.0) + (ln["wall_time_s"] or 0.0)
+        if ln.get("reused"):
+            reused[ln["backend"]] = reused.get(ln["backend"], 0) + 1
     case_total = sum(t["total_s"] for t in timings.values())
     in_backends = sum(t["backends_s"] for t in timings.values())
     compiling = sum(t.get("compile_s", 0.0) for t in timings.values())  # the TPU compile check
     overhead = case_total - in_backends - compiling
     return {
         "per_backend_s": per_backend,
+        "reused": reused,
         "case_total_s": case_total,
         "in_backends_s": in_backends,
         "tpu_compile_s": compiling,

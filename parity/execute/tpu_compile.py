@@ -38,6 +38,12 @@ or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_pr
                            libtpu): its result is this one's (a mutant whose patch does not touch
                            the case's kernels compiles nothing new); `seconds` is then the trace
                            and lowering alone, and the numerics check is redone on this jaxpr
+    reused                 set instead of compiling: {"from": when, "cache": path} of the harness's
+                           compile cache ($PARITY_CACHE/tpu_compile) entry of the same lowered
+                           module, target, libtpu, jax, LIBTPU_INIT_ARGS and Mosaic dump reader
+                           (`compile_cache_key`): its compiled module's facts are this one's, judged
+                           as for same_program_as; only modules that compiled and whose Mosaic
+                           dumps were read are stored; --fresh (PARITY_FRESH=1) compiles again
     pallas                 each pallas_call of the traced program and its path as the code chose it
                            on the target's host (parity.execute.pallas_paths), and the cause when a
                            kernel is not a Mosaic kernel
@@ -66,7 +72,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case
-from parity.execute import compile_log, pallas_paths, tpu_identity
+from parity.execute import compile_log, mosaic_llo, pallas_paths, tpu_identity, verified_cache
 from parity.execute.backends.stage_calling import case_program
 from parity.execute.mosaic_llo import (
     LloFormatError,
@@ -189,7 +195,13 @@ def _compile_program(program_and_args, target, *, expect_mosaic, compiled) -> di
             out["module_sha256"] = hashlib.sha256(lowered.as_text().encode()).hexdigest()
             same = (compiled or {}).get(out["module_sha256"])
             if same is not None:
-                return _same_program(out, *same, traced, t0, expect_mosaic)
+                return _same_program(out, same[1], traced, t0, expect_mosaic, same_program_as=same[0])
+            cache_path, cache_key = _compile_cache_entry(target, out["module_sha256"])
+            kept = verified_cache.lookup(cache_path, cache_key, f"TPU compile cache entry {cache_path} for {target}")
+            if kept is not None:
+                note = {"from": kept.meta["ran_at"], "cache": str(cache_path)}
+                return _same_program(out, kept.meta["result"], traced, t0, expect_mosaic, reused=note)
+            ran_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             executable = lowered.compile()
     except Exception as e:  # noqa: BLE001 - a compile error is this target's result
         out.update(seconds=time.perf_counter() - t0, **describe_error(e))
@@ -211,6 +223,7 @@ def _compile_program(program_and_args, target, *, expect_mosaic, compiled) -> di
                 f"(LIBTPU_INIT_ARGS={os.environ.get('LIBTPU_INIT_ARGS', '')!r})"
             )
         out["numerics"] = numerics_check(model_matmuls(traced.jaxpr), out["mosaic"])
+        _store_compile(cache_path, cache_key, out, ran_at)
     except LloFormatError as e:
         out["numerics"] = {"error": f"{e} (libtpu {libtpu_version()})"}
     finally:
@@ -235,11 +248,44 @@ def _judged(out: dict, expect_mosaic: bool) -> dict:
     return out
 
 
-def _same_program(out: dict, backend: str, result: dict, traced, t0: float, expect_mosaic: bool) -> dict:
-    """`out` given `result`, the same lowered module compiled for `backend`: its compile error, or
-    its compiled module judged for this candidate (expect_mosaic) with the numerics check redone
-    on this program's own jaxpr against that compile's Mosaic modules."""
-    out.update(same_program_as=backend, seconds=time.perf_counter() - t0)
+def compile_cache_key(target: str, module_sha256: str) -> dict:
+    """What a compile of a lowered module for `target` depends on: the module's sha256, the target
+    and its topology, libtpu's and jax's versions and LIBTPU_INIT_ARGS (the Mosaic dump flag aside);
+    and what reads the compiler's output into the result: parity.execute.mosaic_llo's source."""
+    import jax  # late: heavy (runner imports this module)
+
+    flags = re.sub(DUMP_FLAG + r"=\S+", "", os.environ.get("LIBTPU_INIT_ARGS", "")).split()
+    return {
+        "module_sha256": module_sha256,
+        "target": target,
+        "topology": TARGETS[target],
+        "libtpu": libtpu_version(),
+        "jax": jax.__version__,
+        "libtpu_init_args": flags,
+        "reader_sha256": hashlib.sha256(Path(mosaic_llo.__file__).read_bytes()).hexdigest(),
+        "format": 1,
+    }
+
+
+def _compile_cache_entry(target: str, module_sha256: str) -> tuple[Path, str]:
+    """(path, key) of the compile cache's entry for the module and target."""
+    key = verified_cache.key_of(compile_cache_key(target, module_sha256))
+    return verified_cache.cache_dir("tpu_compile") / f"{key}.npz", key
+
+
+def _store_compile(path: Path, key: str, out: dict, ran_at: str) -> None:
+    """Keep what the compiler made of the module (kernels, memory, mosaic, numerics) for a later run."""
+    result = {k: out[k] for k in ("kernels", "memory", "mosaic", "numerics") if k in out}
+    with contextlib.suppress(TypeError):  # not JSON as it is: not stored, compiled again next time
+        verified_cache.write(path, key, {}, {"result": result, "ran_at": ran_at})
+
+
+def _same_program(out: dict, result: dict, traced, t0: float, expect_mosaic: bool, **note) -> dict:
+    """`out` given `result`, the same lowered module compiled before (note: same_program_as=backend,
+    this run's, or reused={"from", "cache"}, the compile cache's): its compile error, or its compiled
+    module judged for this candidate (expect_mosaic) with the numerics check redone on this
+    program's own jaxpr against that compile's Mosaic modules."""
+    out.update(**note, seconds=time.perf_counter() - t0)
     if "kernels" not in result:  # the compiler refused the module
         out.update({k: result[k] for k in ("error", "error_line", "error_op", "vmem") if k in result})
         return out

@@ -2,15 +2,18 @@
 sends its parent, and its retirement near the memory-map limit (RETIRE_AT_MAPS). The parent's side,
 the pool of workers, is parity.execute.pool.
 
-A worker is sent (case dict, backends to run) per case, or None to exit. For each case it sends, in
-order: InputsMade, then per backend BackendStarted and Done, then CaseEnded; or HarnessError when
-the harness itself failed on the case (the worker exits after it).
+A worker is sent (case dict, backends to run) per case, Reload (a candidate's source changed:
+`parity watch`) or None to exit. For each case it sends, in order: InputsMade, then per backend
+BackendStarted and Done, then CaseEnded; or HarnessError when the harness itself failed on the
+case (the worker exits after it). It sends nothing for a Reload.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import sys
 import traceback
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from parity.execute import compile_log
 from parity.execute.case import LazyBackends, run_case
 from parity.execute.proc import die_with_parent
 from parity.model.host import keep_jax_on_the_cpu
+from parity.model.spec import as_spec
 
 
 # ------------------------------------------------------------------ the events a worker sends
@@ -63,6 +67,39 @@ class HarnessError:
     error: str
 
 
+# ------------------------------------------------------------------ what the parent sends
+@dataclasses.dataclass(frozen=True)
+class Reload:
+    """The user's source changed: forget the modules named in `modules` and every module whose file
+    is one of `files` (absolute paths), and the candidates' backends, so that the next case imports
+    them afresh; jax, torch, triton, FLA and the harness stay imported."""
+
+    modules: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+def forget_user_modules(reload: Reload, backends: dict) -> list[str]:
+    """Drop the modules `reload` names from sys.modules (and their files' bytecode caches: a save
+    within the same second and of the same size would otherwise read the old one) and every
+    candidate's backend from `backends`; returns the modules dropped."""
+    files = {os.path.realpath(f) for f in reload.files}
+    dropped = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if name in reload.modules or (path and os.path.realpath(path) in files):
+            del sys.modules[name]
+            dropped.append(name)
+    for f in files:
+        try:
+            os.unlink(importlib.util.cache_from_source(f))
+        except (OSError, ValueError, NotImplementedError):
+            pass
+    importlib.invalidate_caches()
+    for spec in [s for s in backends if as_spec(s).side == "candidate"]:
+        del backends[spec]
+    return dropped
+
+
 # ------------------------------------------------------------------ the worker's loop
 def worker_main(
     conn, out_dir: str, run_id: str, tpu_targets: tuple[str, ...] = (), seeds: tuple[int, int] = (1, 1)
@@ -76,6 +113,9 @@ def worker_main(
         msg = conn.recv()
         if msg is None:
             return
+        if isinstance(msg, Reload):
+            forget_user_modules(msg, backends)
+            continue
         case_dict, todo = msg
         case = Case.from_dict(case_dict)
         try:

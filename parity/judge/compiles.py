@@ -45,6 +45,7 @@ class CompileFigures:
     slowest: tuple[float, str, str, str] | None  # (seconds, case_id, backend, target)
     largest_vmem: dict | None  # {"bytes", "kernel", "case", "backend", "target"}: the kernel with the most VMEM
     numerics_errors: int  # compiles whose matmuls could not be checked against the numerics model
+    reused: int = 0  # compiles not run: the compile cache's result of the same module (targets[t].reused)
 
 
 def _records(compiles: dict[str, dict[str, dict]]) -> list[dict]:
@@ -97,6 +98,7 @@ def compile_figures(compiles: dict[str, dict[str, dict]]) -> CompileFigures | No
         slowest=max(timed) if timed else None,
         largest_vmem=_largest_vmem(recs),
         numerics_errors=sum(1 for r in recs for t in r["targets"].values() if (t.get("numerics") or {}).get("error")),
+        reused=sum(1 for r in recs for t in r["targets"].values() if t.get("reused")),
     )
 
 
@@ -114,6 +116,7 @@ def compile_summary(compiles: dict[str, dict[str, dict]]) -> dict | None:
         "failed": f.pairs - f.passed,
         "by_target": {t: {"ok": c["ok"], "failed": c["failed"]} for t, c in f.by_target.items()},
         "compiles": f.compiles,
+        "reused": f.reused,
         "median_seconds": f.median_seconds,
         "max_seconds": f.slowest[0] if f.slowest else None,
         "max_vmem_bytes": vmem["bytes"] if vmem else 0,

@@ -182,6 +182,8 @@ def format_compile_summary(c: dict) -> str:
     vmem = f"{c['max_vmem_bytes'] / 2**20:.2f} MiB ({c['max_vmem_where']})" if c.get("max_vmem_where") else "n/a"
     return (
         f"  TPU compile (on this host, nothing executed): {c['pairs']} case/candidate pairs, {c['ok']} ok, "
-        f"{c['failed']} failed; {per}; {c['compiles']} compiles, median {_seconds(c['median_seconds'])}, "
+        f"{c['failed']} failed; {per}; {c['compiles']} compiles"
+        + (f" ({c['reused']} reused from the compile cache)" if c.get("reused") else "")
+        + f", median {_seconds(c['median_seconds'])}, "
         f"max {_seconds(c['max_seconds'])}; largest kernel VMEM operands {vmem}"
     )

@@ -19,3 +19,14 @@ def exported(values: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# "1": every cache lookup misses (oracle, fla, tpu_compile; `parity run --fresh`); or the caches to
+# ignore, comma-separated (this checkout's tests ignore fla and tpu_compile: conftest.py)
+FRESH = "PARITY_FRESH"
+
+
+def fresh(kind: str) -> bool:
+    """Whether this process was asked to ignore the harness's cache `kind` (PARITY_FRESH)."""
+    value = os.environ.get(FRESH, "")
+    return value == "1" or kind in value.split(",")

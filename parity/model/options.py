@@ -1,7 +1,7 @@
 """The option layer: the values both the command line (`--NAME`) and the pytest plugin
 (`--parity-NAME`) take, parsed and checked once: the case selection (suite, cases file, case
 ids, op, size limits), backends and candidates, the bound factor, TPU targets and the TPU
-interpret mode's target; and the switches both declare from here (ALLOW_UNBOUNDED_REFERENCE).
+interpret mode's target; and the switches both declare from here (ALLOW_UNBOUNDED_REFERENCE, FRESH).
 
 Each check returns the parsed value or raises OptionError(field, value, allowed, problem)
 (parity.model.option_error):
@@ -74,6 +74,13 @@ ALLOW_UNBOUNDED_REFERENCE = Switch(
     "pass a candidate's tensor the reference could not bound because of its environment (FLA refused "
     "there, e.g. fla#640, or ran a kernel known wrong there, e.g. fla#984), held to its tolerance only "
     "(listed apart, with cause and fix); by default it fails as unbounded-reference",
+)
+
+
+FRESH = Switch(
+    "fresh",
+    "ignore the harness's caches (the oracle's, FLA's records and TPU compiles, $PARITY_CACHE) and "
+    "compute everything again (what is computed is still stored)",
 )
 
 

@@ -46,7 +46,7 @@ import warnings
 
 import pytest
 
-from parity.model import gpu
+from parity.model import environ, gpu
 from parity.model.host import keep_jax_on_the_cpu
 from parity.pytest_plugin.checks import check_case, explain, reference_findings, select_cases
 from parity.pytest_plugin.devices import cuda_missing, no_cuda_device, tpu_missing
@@ -57,6 +57,7 @@ from parity.pytest_plugin.options import (
     allow_unbounded_reference,
     bound_factor,
     fla_settings,
+    fresh,
     refuse_bad_options,
     report_dir,
     selected_cases,
@@ -73,6 +74,7 @@ MARKERS = {
 }
 _GATE = pytest.StashKey[tuple[str, bool]]()
 _LANES = pytest.StashKey[contextlib.ExitStack]()
+_FRESH = pytest.StashKey[contextlib.ExitStack]()
 
 
 class ReferenceFinding(UserWarning):
@@ -92,6 +94,10 @@ def pytest_configure(config):
     refuse_bad_options(config)
     # one id for the whole session, inherited by xdist workers through the environment
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
+    # --parity-fresh: every cache lookup of the session's processes misses; put back at the end
+    config.stash[_FRESH] = contextlib.ExitStack()
+    if fresh(config):
+        config.stash[_FRESH].enter_context(environ.exported({environ.FRESH: "1"}))
     if no_cuda_device():
         # FLA's kernels must be built for the Triton interpreter, with an H100's tiles: ask before
         # any test imports fla (what triton_interpreter.request() does, without importing the harness)
@@ -119,6 +125,7 @@ def _start_fla_lanes(config) -> contextlib.ExitStack:
 
 
 def pytest_unconfigure(config):
+    config.stash.get(_FRESH, contextlib.ExitStack()).close()
     stack = config.stash.get(_LANES, None)
     if stack is not None:
         stack.close()

@@ -127,6 +127,7 @@ def add_options(parser) -> None:
         default=False,
         help=options.ALLOW_UNBOUNDED_REFERENCE.help,
     )
+    g.addoption(PREFIX + options.FRESH.name, action="store_true", default=False, help=options.FRESH.help)
 
 
 def usage_error(e) -> pytest.UsageError:
@@ -221,6 +222,11 @@ def bound_factor(config) -> float:
 def allow_unbounded_reference(config) -> bool:
     """--parity-allow-unbounded-reference (parity.model.options.ALLOW_UNBOUNDED_REFERENCE)."""
     return bool(config.getoption("parity_" + options.ALLOW_UNBOUNDED_REFERENCE.dest))
+
+
+def fresh(config) -> bool:
+    """--parity-fresh (parity.model.options.FRESH)."""
+    return bool(config.getoption("parity_" + options.FRESH.dest))
 
 
 def kept_builtins(config) -> set[str] | None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from cases import Case
 from cases.stages import stage_of
-from parity.execute.backends import fla_lane_client, fla_launches, triton_interpreter
+from parity.execute.backends import fla_cache, fla_lane_client, fla_launches, triton_interpreter
 from parity.execute.backends.base import Execution
 from parity.execute.backends.calling import GRAD_NAMES, run_torch
 from parity.execute.backends.stage_calling import run_stage_torch
@@ -152,6 +152,10 @@ class FlaBackend:
         from its interpreter lane when CUDA refused the case for a known reason of its environment and
         the run asked for that fallback), else computed here."""
         self.kernel_call(case)  # Unsupported first: nothing sent for a case FLA cannot run
+        here = fla_cache.platform_without_torch()  # no CUDA here: the interpreter's record, if stored
+        kept = fla_cache.reused(case, inputs, here) if here else None
+        if kept is not None:
+            return kept
         if not fla_lane_client.lane_addresses():
             return self.run_here(case, inputs)
         try:
@@ -173,10 +177,28 @@ class FlaBackend:
 
     def run_here(self, case: Case, inputs: dict[str, np.ndarray]) -> Execution:
         """FLA's outputs for the case, computed in this process (on CUDA when it has a GPU, else in
-        Triton's interpreter); a known refusal of FLA's (parity.model.fla_known) raised as FlaRefused."""
+        Triton's interpreter); a known refusal of FLA's (parity.model.fla_known) raised as FlaRefused.
+        FLA's stored record of the same case, inputs, versions, platform and pins is reused instead
+        (parity.execute.backends.fla_cache), and what FLA computes here is stored."""
+        how = self.kernel_call(case)
+        here = fla_cache.platform_without_torch()
+        if here is None:  # a CUDA host: torch names the device
+            import torch
+
+            cuda = _cuda()
+            here = f"cuda:{torch.cuda.get_device_name()}" if cuda else fla_cache.INTERPRETER
+        kept = fla_cache.reused(case, inputs, here)
+        if kept is not None:
+            return kept
+        ran_at = fla_cache.now()
+        ex = self._compute(case, inputs, how)
+        fla_cache.store(case, inputs, ex, ran_at)
+        return ex
+
+    def _compute(self, case: Case, inputs: dict[str, np.ndarray], how: KernelCall) -> Execution:
+        """FLA's outputs for the case, computed in this process (run_here's)."""
         import torch
 
-        how = self.kernel_call(case)
         cuda = _cuda()
         kernel = _kernel(case, cuda)
         if case.stage is None:
@@ -198,13 +220,7 @@ class FlaBackend:
             if refusal is None:
                 raise
             raise FlaRefused(e, refusal, platform, _versions()) from e
-        if cuda:
-            numerics = "cuda"
-        else:
-            numerics = (
-                f"triton-interpreter-gpu-v4 (tf32 {triton_interpreter.TF32_ROUNDING}, bf16 rne, "
-                "fixed-order fp32 dots, sm_90 scan order, H100 tiles)"
-            )
+        numerics = "cuda" if cuda else triton_interpreter.numerics()
         return Execution(
             tensors=tensors,
             platform=platform,

@@ -4,41 +4,35 @@ Cache key: case id + input sha256 + ORACLE_VERSION, so a cache directory copied 
 another machine is reused there exactly when the inputs and the oracle are the same.
 Location: $PARITY_CACHE/oracle, default ~/.cache/parity/oracle.
 
-Each entry is verified on load: the archive holds, beside the tensors, the sha256 of
-their names, dtypes, shapes and bytes (CONTENT_KEY) and the cache key it was written
-under. A truncated, bit-flipped or edited entry, or one without the hash, is recomputed
-and replaced, with a warning. Writers write a file of their own (unique temporary name)
-and rename it into place, so concurrent writers of one entry cannot corrupt it: the last
-rename wins and every candidate is a complete file.
+Each entry is verified on load (parity.execute.verified_cache): the archive holds, beside the
+tensors, the sha256 of their names, dtypes, shapes and bytes (CONTENT_KEY) and the cache key it
+was written under. A truncated, bit-flipped or edited entry, or one without the hash, is
+recomputed and replaced, with a warning. Writers write a file of their own (unique temporary
+name) and rename it into place, so concurrent writers of one entry cannot corrupt it: the last
+rename wins and every candidate is a complete file. PARITY_FRESH=1 (--fresh) recomputes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 from cases import Case, input_hash
+from parity.execute import verified_cache
 from parity.execute.backends.base import Execution
-from references import ORACLE_VERSION, error_scales, oracle_names, oracle_run
+from parity.execute.verified_cache import CONTENT_KEY, KEY_KEY  # noqa: F401 - the entry's fields, for tests
+from references import ORACLE_VERSION, error_scales, oracle_run
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("PARITY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "parity")
-    return Path(root) / "oracle"
+    return verified_cache.cache_dir("oracle")
 
 
-CONTENT_KEY = "__content_sha256__"
-KEY_KEY = "__cache_key__"
-
-
-class OracleCacheWarning(UserWarning):
+class OracleCacheWarning(verified_cache.CacheWarning):
     """A damaged oracle cache entry was recomputed."""
 
 
@@ -50,46 +44,16 @@ def cache_path(case: Case, inputs: dict[str, np.ndarray]) -> Path:
     return cache_dir() / f"{_key(case, inputs)}.npz"
 
 
-def _load_verified(path: Path, case: Case, key: str) -> dict[str, np.ndarray]:
-    """The entry's tensors; ValueError saying why when it is damaged or not this case's."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            out = {n: z[n] for n in oracle_names(case)}
-            stored, stored_key = str(z[CONTENT_KEY]), str(z[KEY_KEY])
-    except Exception as e:  # noqa: BLE001 - BadZipFile, EOFError, KeyError, OSError, zlib errors...
-        raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
-    if stored_key != key:
-        raise ValueError(f"written under key {stored_key[:12]}..., not {key[:12]}...")
-    if input_hash(out) != stored:
-        raise ValueError("content hash does not match the tensors")
-    return out
-
-
 def cached_oracle(case: Case, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool, float]:
     """(tensors, cache_hit, seconds spent computing or loading)."""
     key = _key(case, inputs)
     path = cache_dir() / f"{key}.npz"
     t0 = time.perf_counter()
-    if path.exists():
-        try:
-            return _load_verified(path, case, key), True, time.perf_counter() - t0
-        except ValueError as e:
-            warnings.warn(
-                OracleCacheWarning(
-                    f"oracle cache entry {path} for {case.id} is damaged ({e}): recomputed and replaced"
-                ),
-                stacklevel=2,
-            )
+    entry = verified_cache.lookup(path, key, f"oracle cache entry {path} for {case.id}", OracleCacheWarning)
+    if entry is not None:
+        return entry.arrays, True, time.perf_counter() - t0
     out = oracle_run(case, inputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{os.getpid()}-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **out, **{CONTENT_KEY: np.array(input_hash(out)), KEY_KEY: np.array(key)})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    verified_cache.write(path, key, out)
     return out, False, time.perf_counter() - t0
 
 

@@ -104,6 +104,15 @@ def what_the_bits_depend_on() -> str:
     )
 
 
+def numerics() -> str:
+    """The emulation's tag, FLA's record's `numerics` in the interpreter (a change of what the
+    emulation computes changes its version: v4)."""
+    return (
+        f"triton-interpreter-gpu-v4 (tf32 {TF32_ROUNDING}, bf16 rne, "
+        "fixed-order fp32 dots, sm_90 scan order, H100 tiles)"
+    )
+
+
 def request() -> None:
     """Ask for interpreted kernels with an H100's tiles (4.): must happen before the kernels'
     modules are imported."""
