@@ -24,6 +24,8 @@ def exported(values: dict[str, str]):
 # "1": every cache lookup misses (oracle, fla, tpu_compile; `parity run --fresh`); or the caches to
 # ignore, comma-separated (this checkout's tests ignore fla and tpu_compile: conftest.py)
 FRESH = "PARITY_FRESH"
+# the JSON file of FLA kernel configs to pin (`parity run --fla-configs`; parity.execute.backends.fla_launches)
+FLA_CONFIGS = "PARITY_FLA_CONFIGS"
 
 
 def fresh(kind: str) -> bool:

@@ -73,8 +73,7 @@ MARKERS = {
     "slow": "long-running; excluded from the default unit-test pass",
 }
 _GATE = pytest.StashKey[tuple[str, bool]]()
-_LANES = pytest.StashKey[contextlib.ExitStack]()
-_FRESH = pytest.StashKey[contextlib.ExitStack]()
+_SESSION = pytest.StashKey[contextlib.ExitStack]()  # what the session exports and starts; undone at unconfigure
 
 
 class ReferenceFinding(UserWarning):
@@ -95,9 +94,9 @@ def pytest_configure(config):
     # one id for the whole session, inherited by xdist workers through the environment
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
     # --parity-fresh: every cache lookup of the session's processes misses; put back at the end
-    config.stash[_FRESH] = contextlib.ExitStack()
+    config.stash[_SESSION] = session = contextlib.ExitStack()
     if fresh(config):
-        config.stash[_FRESH].enter_context(environ.exported({environ.FRESH: "1"}))
+        session.enter_context(environ.exported({environ.FRESH: "1"}))
     if no_cuda_device():
         # FLA's kernels must be built for the Triton interpreter, with an H100's tiles: ask before
         # any test imports fla (what triton_interpreter.request() does, without importing the harness)
@@ -105,30 +104,26 @@ def pytest_configure(config):
     if any(m in (config.getoption("markexpr") or "") for m in ("gpu", "interpret")):
         keep_jax_on_the_cpu()  # the candidates run in TPU interpret mode on the CPU, not in a GPU's jax
     if not hasattr(config, "workerinput"):  # the controller: xdist workers inherit the lanes' addresses
-        config.stash[_LANES] = _start_fla_lanes(config)
+        _start_fla_lanes(config, session)
 
 
-def _start_fla_lanes(config) -> contextlib.ExitStack:
+def _start_fla_lanes(config, session: contextlib.ExitStack) -> None:
     """FLA's lanes for the session's workers (parity.execute.backends.fla_lane; none on a host without a CUDA GPU
-    unless --parity-fla-lanes asks), and the configs --parity-fla-configs pins, in the environment."""
+    unless --parity-fla-lanes asks), and the configs --parity-fla-configs pins, in the environment, both
+    entered into `session`."""
     lanes, fallback, configs = fla_settings(config)
-    stack = contextlib.ExitStack()
     if configs is not None:
-        os.environ["PARITY_FLA_CONFIGS"] = str(configs)  # parity.execute.backends.fla_launches.PINS_ENV
+        session.enter_context(environ.exported({environ.FLA_CONFIGS: str(configs)}))
     if lanes == 0 or (lanes is None and no_cuda_device()):
-        return stack
+        return
     from parity.execute.backends import fla_lane  # late: only where lanes run
 
     workers = config.getoption("numprocesses", None)  # pytest-xdist's -n
-    stack.enter_context(fla_lane.started(True, lanes, fallback, workers if isinstance(workers, int) else 1))
-    return stack
+    session.enter_context(fla_lane.started(True, lanes, fallback, workers if isinstance(workers, int) else 1))
 
 
 def pytest_unconfigure(config):
-    config.stash.get(_FRESH, contextlib.ExitStack()).close()
-    stack = config.stash.get(_LANES, None)
-    if stack is not None:
-        stack.close()
+    config.stash.get(_SESSION, contextlib.ExitStack()).close()
 
 
 def pytest_generate_tests(metafunc):

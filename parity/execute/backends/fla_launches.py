@@ -40,7 +40,7 @@ from pathlib import Path
 
 from parity.model import environ
 
-PINS_ENV = "PARITY_FLA_CONFIGS"
+PINS_ENV = environ.FLA_CONFIGS
 DEFAULT_BACKEND = "triton"  # fla.backends' fallback: FLA's own (Triton) function
 
 # .recording: the Recording collecting now (None: none); .tuning: (chosen_by, key, config_kwargs) of the
