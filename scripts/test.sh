@@ -13,9 +13,10 @@ t_start=$(date +%s.%N)
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh" || exit 1
 source "$(dirname "${BASH_SOURCE[0]}")/browser.sh"
 TIMING="${PARITY_TIMING:-reports/timing}"
-# one jax compilation cache for the run, shared by both passes and their workers: an interpret-mode
-# XLA:CPU program is compiled once per run (TPU compiles never go through it:
-# parity.execute.compile_log.for_tpu); a cache you set yourself is used instead and kept
+# one jax compilation cache for the run, shared by both passes and their workers: the XLA:CPU
+# programs jax persists (not the interpret-mode kernels: jax keeps programs with host callbacks
+# out) are compiled once per run; TPU compiles never go through it (parity.execute.compile_log.for_tpu);
+# a cache you set yourself is used instead and kept
 run_cache=$(mktemp -d)
 trap 'rm -rf "$run_cache"' EXIT
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$run_cache}"

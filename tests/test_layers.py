@@ -99,3 +99,17 @@ def test_the_late_import_check_sees_a_bare_one(tmp_path):
         "    import os\n\n    from parity.model import host\n\n\ndef h():\n    from .x import y\n"
     )
     assert _late_imports_without_reason(tmp_path / "m.py", root=tmp_path) == ["m.py:2: parity.model", "m.py:13: x"]
+
+
+def test_a_worker_and_the_command_start_without_the_heavy_libraries():
+    """A worker process starts for each case batch and the command for each run: importing them
+    loads none of scipy.stats (a second: the bound's t quantile loads it when it judges), jax,
+    torch or triton (a worker imports those on its first case that needs them)."""
+    import subprocess
+    import sys
+
+    heavy = ("scipy.stats", "jax", "torch", "triton")
+    probe = f"import sys, parity.execute.worker, parity.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout

@@ -73,7 +73,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
 
 from cases import Layout
 
@@ -93,6 +92,14 @@ ALPHA = 0.0007  # one-sided, per look: 14 looks at most
 # smooth); the bound 2x (FlashAttention's factor) still catches a localised error.
 MAX_ABS_MARGIN = 1.0
 COLUMN_GROUPS = 8  # groups of the last axis per (row, head)
+
+
+def _t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile: scipy.stats.t.ppf(p, dof)."""
+    # late: scipy.stats takes a second to import; processes that only measure never call this
+    from scipy import stats
+
+    return float(stats.t.ppf(p, dof))
 
 
 def block_sums(a: np.ndarray, layout: Layout) -> list[float]:
@@ -152,7 +159,7 @@ def judge(cand: list[dict], ref: list[dict], factor: float = 1.0, margin: float 
         "c_candidate": compute_error(cand),
         "c_reference": compute_error(ref),
     }
-    t = float(stats.t.ppf(1 - alpha, m - 1)) if m >= 2 else math.inf
+    t = _t_quantile(1 - alpha, m - 1) if m >= 2 else math.inf
     sd_a, sd_d = (math.sqrt(m * float(np.var(x, ddof=1))) if m >= 2 else math.inf for x in (a, d))
     if not d.sum() > t * sd_d:  # the reference's compute error is not resolved: the rounding bound
         eps_c, eps_r, floor = (math.sqrt(max(0.0, float(x.sum()) / max(1, k))) for x in (ec, er, fr))
