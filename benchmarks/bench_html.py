@@ -20,7 +20,8 @@ import numpy as np
 from cases import Case
 from parity.html import write_report
 from parity.measure.compare import compare_tensor
-from parity.records import base_record, result_path, worst_verdict, write_json
+from parity.model.verdict import worst_verdict
+from parity.records import base_record, result_path, write_json
 
 
 def _tensor_sets(case: Case) -> dict[str, dict]:

@@ -39,7 +39,8 @@ MODEL_LAYERS: tuple[ModelLayer, ...] = (
     ),
     # MiniMax-Text-01: 80 layers, 64 attention heads of dimension 128; lightning attention's
     # per-head decay is the ALiBi slope scaled per layer by (1 - l / (L - 1) + 1e-5).
-    # Layer 0 has the steepest decay: with chunk 128, |gamma| * 128 > 88.7 (seed 000).
+    # Layer 0 has the steepest decay: with chunk 128, |gamma| * 128 > 88.7 (masked-exp-overflow's
+    # regime: the bug classes are in docs/mutants.md).
     ModelLayer(
         "MiniMax-Text-01 lightning attention, layer 0 of 80",
         "MiniMax 2025, arXiv 2501.08313 (MiniMax-01)",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cases.case import Case
 from cases.stages import RCP_LN2, STAGE_ORDER, stage_dtype, stage_of, stage_tensors
+from cases.stages.record import FromCase
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "stages.md"
 BEGIN = "<!-- stage signatures: written by python -m cases.stage_signatures -->"
@@ -20,7 +21,7 @@ END = "<!-- end of stage signatures -->"
 # a case whose sizes are all different, so that each size reads back as its symbol
 SIZES = {"B": 2, "T": 320, "H": 3, "K": 48, "V": 80}
 SYMBOLS = {2: "B", 320: "T", 3: "H", 6: "HV", 48: "K", 80: "V", 64: "C", 5: "NT"}
-KWARG_WORDS = {"$scale": "<the case's scale>", "$ht": "<whether the case returns a final state>", RCP_LN2: "1/ln(2)"}
+CONSTANT_WORDS = {RCP_LN2: "1/ln(2)"}  # constants the table writes in words (a FromCase: its own words)
 
 
 def _case(op: str, stage: str) -> Case:
@@ -44,13 +45,19 @@ def _dtype(case: Case, name: str) -> str:
     return "the case dtype" if stage_dtype(case, name) == case.dtype else stage_dtype(case, name)
 
 
+def _kwarg_words(value) -> str:
+    if isinstance(value, FromCase):
+        return value.words
+    return CONSTANT_WORDS.get(value, repr(value))
+
+
 def stage_row(op: str, name: str) -> str:
     """One table row: stage | call | returns."""
     stage = stage_of(op, name)
     case = _case(op, name)
     tensors = stage_tensors(case)
     args = [("g or g_gamma" if n == "gate" else n) for n in stage.inputs]
-    kwargs = [f"{k}={KWARG_WORDS[v] if v in KWARG_WORDS else repr(v)}" for k, v in stage.kwargs]
+    kwargs = [f"{k}={_kwarg_words(v)}" for k, v in stage.kwargs]
     call = ", ".join([*args, *kwargs, "cu_seqlens", *(["chunk_size"] if stage.takes_chunk_size else [])])
     gate_only = " (g gates only)" if stage.g_only else ""
     returns = "; ".join(

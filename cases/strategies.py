@@ -22,12 +22,12 @@ from cases.inputs import input_size
 
 # head dims, ascending (shrinking goes to the first): the sublane (8) and small heads; FLA's
 # off-grid test dims 60 and 100; the 128-lane tile and one off it both ways (127, 129, 136: a
-# BlockSpec or mask at a tile edge); two tiles (256, seed 002: tiles overwritten when K or
-# V > 128); V = 512 of real models (GLA-1.3B, RetNet)
+# BlockSpec or mask at a tile edge); two tiles (256, wide-tile-overwrite: tiles overwritten when
+# K or V > 128); V = 512 of real models (GLA-1.3B, RetNet). Bug classes: docs/mutants.md
 HEAD_DIMS = (8, 16, 32, 60, 64, 100, 120, 127, 128, 129, 136, 192, 256, 512)
 DTYPES = ("float32", "bfloat16")
 DIRECTIONS = ("fwd", "fwdbwd")
-OVERFLOW_EXP = 88.7  # exp(x) overflows float32 above this (seed 000: |gamma| * C > 88.7)
+OVERFLOW_EXP = 88.7  # exp(x) overflows float32 above this (masked-exp-overflow: |gamma| * C > 88.7)
 SEEDS = 4  # input seeds drawn: 0 .. SEEDS - 1
 
 
@@ -137,9 +137,9 @@ def length(C: int, max_T: int):
 def packed_lengths(draw, C: int, max_T: int):
     """2 to 4 packed sequences, total at most max_T. Each length is at or one off the chunk grid
     or anywhere, so boundaries fall on and off chunk boundaries; a length-1 sequence is put at
-    the first, a middle or the last position. Bug class: the state not reset at a sequence
-    start, leaking across sequences (seed 004), a length-1 sequence sharing a chunk with both
-    neighbours, the initial state or its gradient of a sequence after the first."""
+    the first, a middle or the last position. Bug classes: the state not reset at a sequence
+    start, leaking across sequences (packed-state-leak), a length-1 sequence sharing a chunk with
+    both neighbours, the initial state or its gradient of a sequence after the first."""
     n = draw(st.integers(2, 4))
     per = max(1, max_T // n)
     lens = [draw(st.one_of(st.just(1), length(C, per))) for _ in range(n)]
@@ -152,9 +152,9 @@ def packed_lengths(draw, C: int, max_T: int):
 @st.composite
 def gate_params(draw, gate: str, C: int):
     """Parameters of `gate`, the default first (shrinking drops them). Strengths reach the
-    overflow regime of seed 000 (|gamma| * C > 88.7: exp(g_i - g_j) overflows float32 in the
-    masked triangle, 0 * inf = NaN; seed 001: the backward's dh through exp(-G)): stress
-    magnitudes up to 4 per token (g_stress) or per head (gamma_stress, |gamma| * 128 up to
+    overflow regime of masked-exp-overflow (|gamma| * C > 88.7: exp(g_i - g_j) overflows float32
+    in the masked triangle, 0 * inf = NaN) and split-decay-overflow (the backward's dh through
+    exp(-G)): stress magnitudes up to 4 per token (g_stress) or per head (gamma_stress, |gamma| * 128 up to
     768); logsigmoid gates down to norm 1 (the steepest); ALiBi slopes spread over layers."""
     if gate == "gamma_alibi":
         if not draw(st.booleans()):
@@ -172,8 +172,8 @@ def gate_params(draw, gate: str, C: int):
 
 def head_dim(dims):
     """A head dim of `dims`: <= 32 (several heads per sublane tile: head index maps), one 128-lane
-    tile, or more than one (seed 002: tiles overwritten past 128), a third of the time each, then
-    any dim of that class (the tile edges 127, 128, 129, 136 among them)."""
+    tile, or more than one (wide-tile-overwrite: tiles overwritten past 128), a third of the time
+    each, then any dim of that class (the tile edges 127, 128, 129, 136 among them)."""
     classes = [
         c for c in ([d for d in dims if d <= 32], [d for d in dims if 32 < d <= 128], [d for d in dims if d > 128]) if c
     ]
@@ -183,8 +183,8 @@ def head_dim(dims):
 @st.composite
 def head_dims(draw, space: Space):
     """(K, V): equal half the time, else two independent head_dim draws (K != V both ways: a scale,
-    BlockSpec, tile count or state layout taken from the wrong dim, seed 002). A draw where each
-    choice is explicit: hypothesis left to itself repeats K as V most of the time."""
+    BlockSpec, tile count or state layout taken from the wrong dim, as in wide-tile-overwrite). A
+    draw where each choice is explicit: hypothesis left to itself repeats K as V most of the time."""
     K = draw(head_dim(space.k_dims))
     others = [d for d in space.v_dims if d != K]
     if K in space.v_dims and (not others or draw(st.booleans()) is False):
@@ -210,10 +210,10 @@ def boundary_case(draw, space: Space, applies=None):
       T              near_chunk_grid / length: one-token tails and off-by-one at chunk ends
       seqlens        packed_lengths: state reset and leaks, length-1 sequences anywhere
       K, V           head_dims: HEAD_DIMS by tile class (<= 32, one tile, two), K = V or K != V
-                     half the time each (seed 002: tiles and layouts taken from the wrong dim)
+                     half the time each (wide-tile-overwrite: tiles and layouts taken from the wrong dim)
       H              1 to max_H, H > 2 half the time (head index maps that wrap or assume two heads)
       h0             2 in 3 with packed sequences (a later sequence's initial state and its gradient)
-      gate strength  gate_params (exp overflow of seeds 000 and 001)."""
+      gate strength  gate_params (exp overflow: masked-exp-overflow, split-decay-overflow)."""
     op = space.op
     C = draw(st.sampled_from(space.chunk_sizes))
     dtype = draw(st.sampled_from(space.dtypes))
@@ -223,7 +223,7 @@ def boundary_case(draw, space: Space, applies=None):
     K, V = draw(head_dims(space))
     varlen = draw(st.sampled_from((False, True)))
     # packed sequences carry an initial state 2 times in 3 (the state and its gradient of a sequence
-    # after the first: seed 004, a dropped dh0 of a one-token last sequence)
+    # after the first: packed-state-leak, a dropped dh0 of a one-token last sequence)
     h0, ht = draw(st.sampled_from((False, True, True) if varlen else (False, True))), draw(st.booleans())
     kw = dict(
         op=op,

@@ -232,7 +232,7 @@ def stages() -> list[Case]:
     with a length-1 sequence, chunk 32, K < V) rotated through; and each stage at chunk 128 (the
     largest its op's stages take) under
     gamma_stress (g_stress where the op has no g_gamma): |g| * chunk far past the float32 exp
-    range (seed 001's overflow lived in chunk_bwd_dh)."""
+    range (split-decay-overflow lived in chunk_bwd_dh; docs/mutants.md)."""
     primary = [
         dict(op=op, stage=name, direction="fwd", dtype=dtype, gate=gate)
         for op, names in STAGE_ORDER.items()

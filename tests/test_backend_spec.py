@@ -80,9 +80,9 @@ def test_repro_runs_kda_at_the_chunk_size_the_harness_ran_on_every_backend(tmp_p
     case = Case("kda", 1, 64, 1, 64, 64, chunk_size=32, direction="fwd")
     for spec in ("fla", "pallas", "mine=jax:tests.spec_candidates:kda_with_chunk"):
         script = write_repro(case, spec, tmp_path / spec.split("=")[0]).read_text()
-        assert 'kwargs["chunk_size"] = 32' in script, spec
+        assert ", chunk_size=32),\n" in script, spec
     gla = Case("gla", 1, 64, 1, 64, 64, chunk_size=32, direction="fwd")  # chunk_gla takes no chunk size
-    assert 'kwargs["chunk_size"]' not in write_repro(gla, "fla", tmp_path / "gla").read_text()
+    assert "chunk_size=" not in write_repro(gla, "fla", tmp_path / "gla").read_text()
     with pytest.raises(ValueError, match="not a standalone kernel"):
         write_repro(case, "mutant:kda-beta-keys-only", tmp_path / "m")
 

@@ -7,18 +7,20 @@ import numpy as np
 import pytest
 
 from cases import Case, make_inputs
+from parity.judge.bound import bound
 from parity.judge.gate import GateRefusal, evaluate, format_summary, run_gate
-from parity.measure.compare import (
-    bound,
+from parity.judge.words import describe_bound, describe_localisation, fmt
+from parity.measure.compare import compare_tensor, rel_rms
+from parity.measure.localisation import (
+    ChunkLocalisation,
+    RowLocalisation,
     bound_localisation,
-    compare_tensor,
-    describe_bound,
-    describe_bound_quantity,
-    describe_localisation,
-    fmt,
-    rel_rms,
+    localisation_record,
+    read_localisation,
 )
 from parity.measure.tol import TOL_VERSION, calibrate, growth, output_dtype, tol
+from parity.model.verdict import Verdict
+from parity.pytest_plugin.checks import describe_bound_quantity
 from references import oracle_run
 
 from .helpers import SMALL_BF16, perturbed, record_from_tensors, reference_like, write_records
@@ -123,6 +125,22 @@ def test_state_localisation_names_the_sequence_and_head(oracle):
     )
 
 
+def test_a_record_holds_a_localisation_as_its_typed_value_writes_it(oracle):
+    """compare_tensor writes a localisation (time tensor with packed sequences, state) that reads
+    back as its type and writes again key for key, in order; a verdict is written as its word."""
+    x = oracle["o"].copy()
+    x[0, 30:, 0] += 0.2 * np.abs(oracle["o"]).mean()
+    ht = oracle["ht"].copy()
+    ht[1, 0] *= 1.5
+    for name, value in (("o", x), ("ht", ht)):
+        rec = compare_tensor(CASE, name, value, oracle[name])
+        loc = read_localisation(rec["localisation"])
+        assert isinstance(loc, ChunkLocalisation if name == "o" else RowLocalisation)
+        assert list(localisation_record(loc).items()) == list(rec["localisation"].items())
+        assert json.dumps(rec["verdict"]) == '"fail-accuracy"' and rec["verdict"] == Verdict.FAIL_ACCURACY
+    assert read_localisation({}) is None and read_localisation({"seed": 3}) is None
+
+
 def test_gate_gradient_localisation_names_the_head():
     from references import error_scales
 
@@ -150,7 +168,7 @@ def test_bound_failure_is_localised_against_the_reference_per_chunk_and_head():
     cand_rec = compare_tensor(c, "o", cand, r)
     assert cand_rec["verdict"] == ref_rec["verdict"] == "pass" and not bound(cand_rec, ref_rec)["ok"]
     loc = bound_localisation(c, "o", cand_rec, ref_rec, 1.0)
-    assert (loc["against"], loc["first_chunk"], loc["first_t"], loc["head"], loc["pattern"]) == (
+    assert (loc.against, loc.first_chunk, loc.first_t, loc.head, loc.pattern) == (
         "bound",
         1,
         64,

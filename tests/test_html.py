@@ -27,7 +27,8 @@ from parity.html import build_report, write_report
 from parity.html.compile_view import COMPILE_LABEL
 from parity.html.rows import bound_points
 from parity.measure.compare import compare_tensor
-from parity.records import SCHEMA_VERSION, base_record, result_path, worst_verdict, write_json
+from parity.model.verdict import worst_verdict
+from parity.records import SCHEMA_VERSION, base_record, result_path, write_json
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "reports" / "screenshots"

@@ -13,7 +13,8 @@ from parity.judge.case import Failure, judge_case
 from parity.judge.diff import format_diff, ratio_summary
 from parity.judge.gate import compile_summary, evaluate, format_compile_summary, load_compiles
 from parity.model.spec import STATUSES
-from parity.records import SCHEMA_VERSION, VERDICT_ORDER, write_json
+from parity.model.verdict import Verdict
+from parity.records import SCHEMA_VERSION, write_json
 
 from .helpers import SMALL_BF16, perturbed, record_from_tensors, reference_like
 
@@ -136,7 +137,7 @@ def test_one_run_says_one_verdict_and_its_rule_on_the_terminal_the_page_and_in_p
     assert (j.verdict, o["verdict"], o["rule"]) == ("fail-bound", "fail-bound", "max-abs")
     assert o["why"].startswith("max-abs: max_abs ") and " > limit " in o["why"]
     word, why = o["verdict"], o["why"]
-    assert word in VERDICT_ORDER and set(STATUSES) - {"ok"} <= set(VERDICT_ORDER)  # one vocabulary
+    assert word in list(Verdict) and set(STATUSES) - {"ok"} <= set(Verdict)  # one vocabulary
 
     # the terminal: the run's table (the gate's verdict for the pair, the tensor and rule) and the gate's lines
     timing = {"per_backend_s": {}, "harness_overhead_share": None, "harness_overhead_s": 0.0}

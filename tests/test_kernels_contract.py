@@ -80,7 +80,7 @@ BAD = [  # (the message after "<op>: ", a change of the valid arguments)
     ("cu_seqlens must be an integer array [N + 1]", lambda e, kw: {**kw, "cu_seqlens": np.array([0.0, 40.0])}),
     ("cu_seqlens must have N + 1 >= 2 entries", lambda e, kw: {**kw, "cu_seqlens": np.array([0])}),
     ("cu_seqlens must come with B == 1 (sequences packed along T), got B = 2", lambda e, kw: _batch2(e)),
-    # seed 001: a positive log-decay overflows exp inside a chunk
+    # a positive log-decay overflows exp inside a chunk (as in split-decay-overflow)
     ("{gate} must be <= 0 (a log-decay", lambda e, kw: {**kw, ENTRY_POINTS[e][2]: -kw[ENTRY_POINTS[e][2]]}),
     ("{gate} must be finite", lambda e, kw: {**kw, ENTRY_POINTS[e][2]: kw[ENTRY_POINTS[e][2]] * jnp.nan}),
 ]

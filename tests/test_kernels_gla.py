@@ -24,7 +24,7 @@ ACCURACY = [
     "gla-fwdbwd-B2-T100-H1-K64-V64-fp32-C64-g_logsig-h0-ht",
     # varlen with boundaries off the chunk grid (and a length-1 sequence), chunk 128; the strong
     # gate (|g| ~ 2 per token and channel) makes |cumsum(g)| over the chunk ~ 256 > 88.7, so exp
-    # of any unmasked positive difference overflows float32 (seed 000's NaN class, per channel)
+    # of any unmasked positive difference overflows float32 (masked-exp-overflow, per channel)
     VARLEN_ID,
     # K = V = 256: two 128-wide V tiles in the forward, 256-wide backward; chunk 16, bf16
     "gla-fwdbwd-B1-T48-H1-K256-V256-bf16-C16-g_stress-h0-ht",
@@ -48,7 +48,7 @@ def test_matches_float64_oracle_within_tol(case_id):
 
 
 def test_packed_equals_separate_sequences_and_empty_sequence_keeps_h0():
-    """seed 004: each packed sequence equals that sequence run alone; an empty sequence's
+    """packed-state-leak: each packed sequence equals that sequence run alone; an empty sequence's
     final state is its initial state."""
     case = Case.from_id("gla-fwd-B1-T80-H1-K64-V64-fp32-C64-g_logsig-h0-ht-lens40_40")
     x = {n: jnp.asarray(a) for n, a in make_inputs(case).items()}

@@ -18,7 +18,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from cases import Case, make_inputs
-from cases.stages import STAGE_ORDER, stage_dtype, stage_of, stage_shapes
+from cases.stages import STAGE_ORDER, resolve, stage_dtype, stage_of, stage_shapes
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.gdn import chunk_gdn
 from kernels_jax.gdn import stages as S
@@ -50,7 +50,7 @@ def interpret():
 def test_stage_matches_float64_oracle(label, stage, interpret):
     case = Case.from_id(OP_CASES[label]).replace(stage=stage, direction="fwd")
     inputs = stage_inputs(case, make_inputs(case.op_case))
-    fn = getattr(S, stage_of("gdn", stage).function)
+    fn = resolve(stage_of("gdn", stage).kernels_jax)
     got, _ = run_stage_jax(fn, case, inputs)
     ref = stage_oracle(case, inputs)
     assert list(got) == case.output_names()
@@ -115,7 +115,7 @@ def test_every_stage_lowers_for_tpu():
     op_case = Case.from_id("gdn-fwdbwd-B1-T200-H1-K128-V64-bf16-C64-g_logsig-h0-ht-HV2-lens70_130")
     for stage in STAGE_ORDER["gdn"]:
         case = op_case.replace(stage=stage, direction="fwd")
-        fn = getattr(S, stage_of("gdn", stage).function)
+        fn = resolve(stage_of("gdn", stage).kernels_jax)
         with compile_for_tpu():
             text = jax.export.export(jax.jit(stage_program(fn, case)), platforms=["tpu"])(
                 stage_structs(case)

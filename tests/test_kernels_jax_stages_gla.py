@@ -14,7 +14,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from cases import Case, make_inputs
-from cases.stages import RCP_LN2, STAGE_ORDER, stage_dtype, stage_input_names, stage_of, stage_shapes
+from cases.stages import RCP_LN2, STAGE_ORDER, resolve, stage_dtype, stage_input_names, stage_of, stage_shapes
 from kernels_jax.common.platform import compile_for_tpu
 from kernels_jax.gla import chunk_gla
 from kernels_jax.gla import stages as S
@@ -45,7 +45,7 @@ def test_stage_matches_the_float64_oracle(op_id, stage, interpret):
     outputs: their rounding) of the oracle on the same inputs."""
     case = Case.from_id(f"gla:{stage}-fwd-{op_id}")
     inputs = stage_inputs(case, make_inputs(case.op_case))
-    got, _ = run_stage_jax(getattr(S, _function(case)), case, inputs)
+    got, _ = run_stage_jax(_function(case), case, inputs)
     ref = stage_oracle(case, inputs)
     assert list(got) == case.output_names()
     shapes = stage_shapes(case)
@@ -55,9 +55,9 @@ def test_stage_matches_the_float64_oracle(op_id, stage, interpret):
         assert rel(a, ref[n]) < TOL[dt], (n, rel(a, ref[n]))
 
 
-def _function(case) -> str:
-    """The stage's function name (FLA's, kernels_jax.gla.stages' too)."""
-    return stage_of(case.op, case.stage).function
+def _function(case):
+    """kernels_jax's function of the case's stage (its record's kernels_jax)."""
+    return resolve(stage_of(case.op, case.stage).kernels_jax)
 
 
 def test_stages_under_jit(interpret):
@@ -126,7 +126,7 @@ def test_every_stage_lowers_for_tpu():
         c = case.replace(stage=stage)
         shapes = stage_shapes(c)
         structs = {n: jax.ShapeDtypeStruct(shapes[n], jnp.dtype(stage_dtype(c, n))) for n in stage_input_names(c)}
-        fn = stage_program(getattr(S, _function(c)), c)
+        fn = stage_program(_function(c), c)
         with compile_for_tpu():
             text = jax.export.export(jax.jit(fn), platforms=["tpu"])(structs).mlir_module()
         name = "gla_chunk_fwd" if stage == "fwd_h" else f"gla_stage_{stage.lower()}"

@@ -11,9 +11,8 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from cases import Case, make_inputs
-from cases.stages import STAGE_ORDER, stage_of
+from cases.stages import STAGE_ORDER, resolve, stage_of
 from kernels_jax.common.platform import compile_for_tpu
-from kernels_jax.kda import stages as S
 from parity.execute.backends.stage_calling import run_stage_jax, stage_program, stage_structs
 from references.stages import stage_inputs, stage_oracle
 from tests.stage_helpers import rel
@@ -38,7 +37,7 @@ def _stage(cid: str, stage: str):
     """(stage case, its stage inputs, the oracle's outputs, our stage function)."""
     c = Case.from_id(cid).replace(stage=stage, direction="fwd")
     inputs = stage_inputs(c, make_inputs(c.op_case))
-    return c, inputs, stage_oracle(c, inputs), getattr(S, stage_of("kda", stage).function)
+    return c, inputs, stage_oracle(c, inputs), resolve(stage_of("kda", stage).kernels_jax)
 
 
 @pytest.mark.parametrize("cid", CASES)

@@ -24,10 +24,10 @@ KERNELS = ("kda_intra", "kda_recurrence_fwd", "kda_recurrence_bwd", "kda_chunk_g
 
 CASES = [
     # batch 2, T not a multiple of the chunk, chunk 128 with a per-channel decay whose sum over a
-    # chunk is far past exp's float32 range (seed 000)
+    # chunk is far past exp's float32 range (masked-exp-overflow)
     "kda-fwdbwd-B2-T100-H2-K64-V64-fp32-C128-g_stress-h0-ht",
     # packed sequences with unaligned boundaries and a length-1 sequence, K 128 and V 256 (two V
-    # tiles in both recurrences, seed 002), bf16
+    # tiles in both recurrences, wide-tile-overwrite), bf16
     "kda-fwdbwd-B1-T130-H1-K128-V256-bf16-C64-g_logsig-h0-ht-lens45_1_84",
     # chunk 16 (one sub-block per chunk), forward only
     "kda-fwd-B1-T40-H1-K64-V64-fp32-C16-g_logsig-h0-ht",

@@ -38,11 +38,12 @@ def test_matches_float64_oracle_within_tol(impl, case_id):
     got, _ = run_jax(KERNELS[impl], case, inputs)
     assert_matches_oracle(case, got)
     if case.uses_g_gamma:
-        assert np.abs(got["dg_gamma"]).min() > 0  # seed 002: a real gradient, not zeros
+        assert np.abs(got["dg_gamma"]).min() > 0  # zero-gate-gradient: a real gradient, not zeros
 
 
 def _packed_vs_separate(fn, gate_name):
-    """Packed varlen equals each sequence run alone: no state crosses a boundary (seed 004)."""
+    """Packed varlen equals each sequence run alone: no state crosses a boundary (bug class
+    packed-state-leak)."""
     case = Case.from_id(f"simple_gla-fwd-B1-T90-H1-K64-V64-fp32-C64-{gate_name}-h0-ht-lens20_70")
     x = {n: jnp.asarray(a) for n, a in make_inputs(case).items()}
     gate = {case.gate_name: x[case.gate_name]}

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from cases import Case
-from parity.cli.mutants import format_score, score
 from parity.execute.case import build_backends, run_case
 from parity.judge.gate import evaluate, load, load_compiles
 from parity.measure import tpu_numerics
-from parity.mutants import BY_NAME, CATALOGUE
+from parity.mutants import BUG_CLASSES, BY_NAME, CATALOGUE
 from parity.mutants.catalogue import Patch
 from parity.mutants.patched import PatchError, mutant_kernel, patched_module, patched_sources
+from parity.mutation import MutantSchedule, format_score, run_mutants, score
 from tests.helpers import requires_libtpu
 
 KERNELS_JAX = Path(__file__).resolve().parents[1] / "kernels_jax"
@@ -135,6 +135,18 @@ def test_kernels_jax_holds_no_mutant():
         assert "mutation" not in text and "mutant" not in text, path
 
 
+def test_the_docs_table_of_bug_classes_is_the_catalogues():
+    """docs/mutants.md has one row per bug class, as the catalogue defines it, with the mutants that plant it."""
+    table = (KERNELS_JAX.parent / "docs" / "mutants.md").read_text()
+    for bug in BUG_CLASSES:
+        document = f'{bug.seed}: "{bug.document}" ({bug.pull_request or "no number on its page"})'
+        mutants = ", ".join(f"`{m.name}`" for m in CATALOGUE if m.bug is bug)
+        what = bug.what.replace("|", "\\|")  # a table cell's pipes escaped
+        row = f"| `{bug.name}` | {what} | {document} | {mutants} |"
+        assert mutants and row in table.splitlines(), row
+    assert {m.seed for m in CATALOGUE if m.seed} == {bug.seed for bug in BUG_CLASSES}
+
+
 def test_mutants_cli_rejects_unknown_mutant(capsys):
     from parity.cli import main
 
@@ -165,8 +177,6 @@ PAIR = ["scale-twice-intra", "kv-swapped-scale"]
 
 @pytest.fixture(scope="module")
 def early(tmp_path_factory):
-    from parity.cli.mutants import run_mutants
-
     out = tmp_path_factory.mktemp("early")
     result = run_mutants([B, G, A], out, jobs=2, names=PAIR, progress=False)
     return out, result
@@ -224,8 +234,6 @@ def test_the_gate_holds_the_run_to_the_pairs_it_planned(early, tmp_path, capsys)
 def test_all_cases_reproduces_the_full_matrix(tmp_path):
     """--all-cases: every mutant on every case of its op, with the verdicts each case's own
     run of every backend gives (the pre-schedule `parity mutants`, in-process)."""
-    from parity.cli.mutants import run_mutants
-
     result = run_mutants([A, B], tmp_path / "all", jobs=2, names=PAIR, progress=False, all_cases=True)
     for name in PAIR:
         row = _row(result, name)
@@ -247,7 +255,6 @@ def test_the_schedule_joins_holds_and_stops(tmp_path):
     """MutantSchedule alone (no workers), with a judge that passes everything: the mutant's next
     case joins that case's queued unit and runs next, waits while that case's first unit runs, and
     every case of its op is tried once; a judge that catches stops it."""
-    from parity.cli.mutants import MutantSchedule
     from parity.execute.backends import parse_specs
 
     mutant = BY_NAME["kv-swapped-scale"]
@@ -267,7 +274,7 @@ def test_the_schedule_joins_holds_and_stops(tmp_path):
         plan.finished(*third)
         third = plan.take()
     plan.finished(*second)  # its last case's first unit is running: the mutant waits for it
-    assert plan.pending() and plan.held[order[2]] and order[2] not in [u[0].id for u in plan.queue]
+    assert plan.pending() and plan.held[order[2]] and not plan.queued(third[0])
     plan.finished(*third)
     rest = []
     while (u := plan.take()) is not None:

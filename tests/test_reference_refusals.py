@@ -22,6 +22,7 @@ from parity.judge.case import judge_case
 from parity.judge.gate import evaluate, format_summary, run_gate
 from parity.model import fla_known
 from parity.model.fla_known import known_wrong, possibly_wrong, refusal_of
+from parity.mutation import catches
 from parity.records import RecordError, check_result
 
 from .helpers import SMALL_BF16, deep, perturbed, record_from_tensors, reference_like, write_records
@@ -356,6 +357,4 @@ def test_the_page_gate_card_and_the_plugin_follow_the_same_rule(tmp_path, fla_li
 
 
 def test_a_mutant_is_not_caught_by_the_references_environment():
-    from parity.cli.mutants import _caught
-
-    assert not _caught({"verdict": "unbounded-reference"}) and _caught({"verdict": "fail-bound"})
+    assert not catches({"verdict": "unbounded-reference"}) and catches({"verdict": "fail-bound"})

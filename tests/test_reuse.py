@@ -20,6 +20,7 @@ import pytest
 from cases import Case
 from parity.execute import verified_cache
 from parity.execute.backends import Execution, execute, fla_cache, fla_launches
+from parity.model import environ
 from parity.model.inputs import case_inputs
 from parity.records import read_json, result_path
 from tests.helpers import requires_libtpu, run
@@ -129,6 +130,19 @@ def test_fresh_never_reuses_but_stores(stored, monkeypatch, fresh):
     assert again.status == "ok" and "reused" not in again.notes
     monkeypatch.delenv("PARITY_FRESH")
     assert fla_cache.reused(CASE, x, HERE).notes["reused"]["from"] >= stored_at  # stored again
+
+
+@pytest.mark.parametrize("before", ["", "oracle", "tpu_compile,fla", "1"])
+def test_a_repro_reruns_fla_whatever_the_session_already_ignores(stored, monkeypatch, before):
+    """parity.repro.replay runs its backend under environ.fresh_also("fla"): FLA is never read
+    from the cache, and what was already ignored stays ignored."""
+    _, x = stored
+    monkeypatch.setenv("PARITY_FRESH", before)
+    with environ.exported(environ.fresh_also("fla")):
+        assert fla_cache.reused(CASE, x, HERE) is None
+        assert all(environ.fresh(k) for k in ("fla", *filter(None, before.split(","))))
+        assert environ.fresh("oracle") == (before in ("oracle", "1"))
+    assert os.environ["PARITY_FRESH"] == before
 
 
 def test_a_damaged_entry_is_recomputed_with_a_warning_and_replaced(stored):

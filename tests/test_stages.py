@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cases import Case, CaseError, get_suite, make_inputs
-from cases.stages import STAGES, stage_dtype, stage_input_names, stage_shapes
+from cases.stages import STAGE_OP, STAGES, resolve, stage_dtype, stage_input_names, stage_shapes
 from cases.suites import stage_cases
 from parity.cli import main
 from parity.execute.backends import parse_backend_spec
@@ -36,6 +36,19 @@ def test_every_stage_case_of_the_registry_round_trips_through_its_id_and_dict():
         assert Case.from_id(c.id) == c and Case.from_dict(json.loads(json.dumps(c.to_dict()))) == c
         assert c.id.startswith(f"{c.op}:{c.stage}-fwd-")
     assert "stage" not in Case.from_id("simple_gla-fwd-B1-T64-H1-K64-V64-fp32-C64-g_logsig").to_dict()
+
+
+def test_every_stage_record_names_its_oracle_and_kernels_jax_function_by_a_resolvable_path():
+    """Each record's oracle and kernels_jax "module:function" (and its op's input builder) resolve
+    to a callable of that name; kernels_jax's function has FLA's name (a stage candidate's)."""
+    for op, stage_op in STAGE_OP.items():
+        assert stage_op.stages and all(s.op == op for s in stage_op.stages)
+        for where in [stage_op.inputs, *(w for s in stage_op.stages for w in (s.oracle, s.kernels_jax))]:
+            fn = resolve(where)
+            assert callable(fn) and fn.__name__ == where.rpartition(":")[2], where
+        for s in stage_op.stages:
+            assert s.kernels_jax.rpartition(":")[2] == s.function, s.kind
+            assert s.kernels_jax.startswith(f"kernels_jax.{op}."), s.kind
 
 
 @pytest.mark.parametrize(
@@ -193,13 +206,14 @@ def test_a_mixed_pallas_and_plain_jax_stage_module_is_judged_per_stage_and_the_c
 
 
 def test_the_repro_script_of_a_stage_case_calls_the_stage_and_judges_it(tmp_path, capsys):
-    """parity repro on a stage case writes a script that calls kernels_jax's chunk_fwd_o with FLA's
-    stage arguments on the bundled inputs and prints the harness's verdict."""
+    """parity repro on a stage case writes a script that runs kernels_jax's chunk_fwd_o through the
+    harness's stage calling code (FLA's stage arguments) on the bundled inputs and prints the
+    harness's verdict."""
     case = "simple_gla:fwd_o-fwd-B1-T100-H2-K64-V64-bf16-C64-g_logsig-lens37_63"
     assert main(["repro", case, "-o", str(tmp_path / "r"), "--no-reference"]) == 0
     p = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path / "r", capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "STAGE_OUTPUTS = ('o',)" in (tmp_path / "r" / "repro.py").read_text()
+    assert re.search(r"^Kernel: +kernels_jax\.\S+\.chunk_fwd_o \(jax", (tmp_path / "r" / "repro.py").read_text(), re.M)
     assert re.search(r"  o +rel_rms \d", p.stdout) and "verdict: pass" in p.stdout, p.stdout
 
 

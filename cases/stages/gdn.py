@@ -51,72 +51,12 @@ takes no chunk_size (FLA reads it from A's last axis): the harness must not pass
 from __future__ import annotations
 
 from cases.layouts import PER_CHUNK, STATE, TIME, Tensor, declare
-from cases.stages import Stage, num_chunks
-from cases.stages.simple_gla import local_cumsum_stage
+from cases.stages.record import CASE_SCALE, RETURNS_FINAL_STATE, Stage, StageOp, local_cumsum_stage, num_chunks
 
-_GDR = "fla.ops.gated_delta_rule"
-_DH = "fla.ops.common.chunk_delta_h"
-_O = "fla.ops.common.chunk_o"
+_ORACLE = "references.stages.gdn"
+_JAX = "kernels_jax.gdn.stages"
 FLA_CHUNKS = (16, 32, 64)  # chunk_gated_delta_rule_fwd_intra (and the op) take these only
 FLA_MAX_K = 256  # chunk_delta_h's kernels assert K <= 256
-
-STAGES = (
-    local_cumsum_stage("gdn"),
-    Stage(
-        "gdn",
-        "fwd_intra",
-        f"{_GDR}.chunk_fwd:chunk_gated_delta_rule_fwd_intra",
-        ("k", "v", "g", "beta"),
-        ("w", "u", "A"),
-        "fwd",
-    ),
-    Stage(
-        "gdn",
-        "fwd_h",
-        f"{_DH}:chunk_gated_delta_rule_fwd_h",
-        ("k", "w", "u", "g", "initial_state"),
-        ("h", "v_new", "ht"),
-        "fwd",
-        kwargs=(("output_final_state", "$ht"),),
-    ),
-    Stage("gdn", "fwd_o", f"{_O}:chunk_fwd_o", ("q", "k", "v", "h", "g"), ("o",), "fwd", (("scale", "$scale"),)),
-    Stage(
-        "gdn",
-        "bwd_dv_local",
-        f"{_O}:chunk_bwd_dv_local",
-        ("q", "k", "do", "g"),
-        ("dv",),
-        "bwd",
-        (("scale", "$scale"),),
-    ),
-    Stage(
-        "gdn",
-        "bwd_dhu",
-        f"{_DH}:chunk_gated_delta_rule_bwd_dhu",
-        ("q", "k", "w", "do", "dv", "g", "h0", "dht"),
-        ("dh", "dh0", "dv2"),
-        "bwd",
-        (("scale", "$scale"),),
-    ),
-    Stage(
-        "gdn",
-        "bwd_dqkwg",
-        f"{_O}:chunk_bwd_dqkwg",
-        ("q", "k", "v", "do", "h", "dh", "w", "g", "dv"),
-        ("dq", "dk", "dw", "dg"),
-        "bwd",
-        (("scale", "$scale"),),
-    ),
-    Stage(
-        "gdn",
-        "bwd_wy",
-        f"{_GDR}.wy_fast:prepare_wy_repr_bwd",
-        ("k", "v", "beta", "A", "dw", "du", "g"),
-        ("dk2", "dv", "db", "dg2"),
-        "bwd",
-        takes_chunk_size=False,  # FLA reads it from A's last axis
-    ),
-)
 
 
 def check(case) -> None:
@@ -166,3 +106,92 @@ def dtype(case, name: str) -> str:
     if name in ("g", "g_cumsum", "beta", "dg", "dg2", "db", "initial_state", "h0", "ht", "dht", "dh0"):
         return "float32"
     return case.dtype
+
+
+STAGE_OP = StageOp(
+    "gdn",
+    stages=(
+        local_cumsum_stage("gdn"),
+        Stage(
+            "gdn",
+            "fwd_intra",
+            "fla.ops.gated_delta_rule.chunk_fwd:chunk_gated_delta_rule_fwd_intra",
+            ("k", "v", "g", "beta"),
+            ("w", "u", "A"),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_intra",
+            kernels_jax=f"{_JAX}:chunk_gated_delta_rule_fwd_intra",
+        ),
+        Stage(
+            "gdn",
+            "fwd_h",
+            "fla.ops.common.chunk_delta_h:chunk_gated_delta_rule_fwd_h",
+            ("k", "w", "u", "g", "initial_state"),
+            ("h", "v_new", "ht"),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_h",
+            kernels_jax=f"{_JAX}:chunk_gated_delta_rule_fwd_h",
+            kwargs=(("output_final_state", RETURNS_FINAL_STATE),),
+        ),
+        Stage(
+            "gdn",
+            "fwd_o",
+            "fla.ops.common.chunk_o:chunk_fwd_o",
+            ("q", "k", "v", "h", "g"),
+            ("o",),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_o",
+            kernels_jax=f"{_JAX}:chunk_fwd_o",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "gdn",
+            "bwd_dv_local",
+            "fla.ops.common.chunk_o:chunk_bwd_dv_local",
+            ("q", "k", "do", "g"),
+            ("dv",),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dv_local",
+            kernels_jax=f"{_JAX}:chunk_bwd_dv_local",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "gdn",
+            "bwd_dhu",
+            "fla.ops.common.chunk_delta_h:chunk_gated_delta_rule_bwd_dhu",
+            ("q", "k", "w", "do", "dv", "g", "h0", "dht"),
+            ("dh", "dh0", "dv2"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dhu",
+            kernels_jax=f"{_JAX}:chunk_gated_delta_rule_bwd_dhu",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "gdn",
+            "bwd_dqkwg",
+            "fla.ops.common.chunk_o:chunk_bwd_dqkwg",
+            ("q", "k", "v", "do", "h", "dh", "w", "g", "dv"),
+            ("dq", "dk", "dw", "dg"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dqkwg",
+            kernels_jax=f"{_JAX}:chunk_bwd_dqkwg",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "gdn",
+            "bwd_wy",
+            "fla.ops.gated_delta_rule.wy_fast:prepare_wy_repr_bwd",
+            ("k", "v", "beta", "A", "dw", "du", "g"),
+            ("dk2", "dv", "db", "dg2"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_wy",
+            kernels_jax=f"{_JAX}:prepare_wy_repr_bwd",
+            takes_chunk_size=False,  # FLA reads it from A's last axis
+        ),
+    ),
+    tensors=tensors,
+    dtype=dtype,
+    present=present,
+    inputs=f"{_ORACLE}:stage_inputs",
+    check=check,
+)

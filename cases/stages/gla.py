@@ -46,7 +46,7 @@ state when the case has one. FLA's whole op fixes its chunk at 64 (T >= 64); its
 functions take the case's chunk size (16, 32, 64 or 128).
 
 fwd_intra's A is judged on its defined entries only: `mask_undefined` zeroes the rest, for any
-backend's output (an addition to the per-op module interface: the harness has yet to call it).
+backend's output.
 """
 
 from __future__ import annotations
@@ -54,51 +54,15 @@ from __future__ import annotations
 import numpy as np
 
 from cases.layouts import PER_CHUNK, STATE, TIME, Tensor, declare
-from cases.stages import Stage, num_chunks
-from cases.stages.simple_gla import local_cumsum_stage
+from cases.stages.record import CASE_SCALE, RETURNS_FINAL_STATE, Stage, StageOp, local_cumsum_stage, num_chunks
 
 _H = "fla.ops.common.chunk_h"
 _G = "fla.ops.gla.chunk"
-_SCALE = (("scale", "$scale"),)
+_ORACLE = "references.stages.gla"
+_JAX = "kernels_jax.gla.stages"
 
-STAGES = (
-    local_cumsum_stage("gla"),
-    Stage(
-        "gla",
-        "fwd_h",
-        f"{_H}:chunk_fwd_h",
-        ("k", "v", "gk", "h0"),
-        ("h", "ht"),
-        "fwd",
-        kwargs=(("output_final_state", "$ht"), ("states_in_fp32", False)),
-    ),
-    Stage("gla", "fwd_intra", f"{_G}:chunk_gla_fwd_intra_gk", ("q", "k", "g"), ("A",), "fwd", _SCALE),
-    Stage("gla", "fwd_o", f"{_G}:chunk_gla_fwd_o_gk", ("q", "v", "g", "A", "h"), ("o",), "fwd", _SCALE),
-    Stage(
-        "gla",
-        "bwd_dh",
-        f"{_H}:chunk_bwd_dh",
-        ("q", "k", "v", "do", "h0", "dht", "gk"),
-        ("dh", "dh0"),
-        "bwd",
-        kwargs=(("scale", "$scale"), ("states_in_fp32", True)),
-    ),
-    Stage("gla", "bwd_dv", f"{_G}:chunk_gla_bwd_dv", ("k", "g", "A", "do", "dh"), ("dv",), "bwd"),
-    Stage("gla", "bwd_dA", f"{_G}:chunk_gla_bwd_dA", ("v", "do"), ("dA",), "bwd", _SCALE),
-    Stage("gla", "bwd_dqk_intra", f"{_G}:chunk_gla_bwd_dqk_intra", ("q", "k", "g", "dA"), ("dq", "dk"), "bwd"),
-    Stage(
-        "gla",
-        "bwd_dqkg",
-        f"{_G}:chunk_gla_bwd_dqkg",
-        ("q", "k", "v", "h", "g", "do", "dh", "dq", "dk"),
-        ("dq", "dk", "dg"),
-        "bwd",
-        _SCALE,
-    ),
-)
-
-# stage tensors FLA keeps in float32 whatever the case dtype (h: see dtype)
-_FP32 = frozenset(("g", "gk", "g_cumsum", "dg", "A", "dA", "h0", "ht", "dht", "dh", "dh0", "dq", "dk"))
+# stage tensors FLA keeps in float32 whatever the case dtype (h: but in the forward's stages, see dtype)
+_FP32 = frozenset(("g", "gk", "g_cumsum", "dg", "A", "dA", "h", "h0", "ht", "dht", "dh", "dh0", "dq", "dk"))
 
 
 def present(case, name: str) -> bool:
@@ -121,12 +85,10 @@ def tensors(case) -> dict[str, Tensor]:
 
 
 def dtype(case, name: str) -> str:
-    """float32 for gates, A, dA, every state but the forward's h, and dq, dk (FLA's backward
-    stages keep them in float32; its op casts the final ones to q's dtype); the case dtype for
-    q, k, v, do, o, dv, and for h where FLA's forward keeps states in k's dtype (fwd_h's output,
-    fwd_o's input). bwd_dqkg's h is float32 (FLA's backward recomputes it in float32)."""
-    if name == "h":
-        return case.dtype if case.stage in ("fwd_h", "fwd_o") else "float32"
+    """float32 for gates, A, dA, every state, and dq, dk (FLA's backward stages keep them in
+    float32; its op casts the final ones to q's dtype; bwd_dqkg's h is recomputed in float32);
+    the case dtype for q, k, v, do, o, dv. fwd_h and fwd_o, where FLA's forward keeps states in
+    k's dtype, declare their h in the case dtype (Stage.case_dtype)."""
     return "float32" if name in _FP32 else case.dtype
 
 
@@ -157,3 +119,105 @@ def mask_undefined(case, name: str, value):
         return value
     keep = np.arange(case.chunk_size)[None, None, None, :] <= chunk_positions(case)[:, :, None, None]
     return np.where(keep, value, 0).astype(value.dtype)
+
+
+STAGE_OP = StageOp(
+    "gla",
+    stages=(
+        local_cumsum_stage("gla"),
+        Stage(
+            "gla",
+            "fwd_h",
+            f"{_H}:chunk_fwd_h",
+            ("k", "v", "gk", "h0"),
+            ("h", "ht"),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_h",
+            kernels_jax=f"{_JAX}:chunk_fwd_h",
+            kwargs=(("output_final_state", RETURNS_FINAL_STATE), ("states_in_fp32", False)),
+            case_dtype=("h",),  # FLA's forward keeps the states in k's dtype (states_in_fp32=False)
+        ),
+        Stage(
+            "gla",
+            "fwd_intra",
+            f"{_G}:chunk_gla_fwd_intra_gk",
+            ("q", "k", "g"),
+            ("A",),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_intra",
+            kernels_jax=f"{_JAX}:chunk_gla_fwd_intra_gk",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "gla",
+            "fwd_o",
+            f"{_G}:chunk_gla_fwd_o_gk",
+            ("q", "v", "g", "A", "h"),
+            ("o",),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_o",
+            kernels_jax=f"{_JAX}:chunk_gla_fwd_o_gk",
+            kwargs=(("scale", CASE_SCALE),),
+            case_dtype=("h",),  # FLA's forward keeps the states in k's dtype (states_in_fp32=False)
+        ),
+        Stage(
+            "gla",
+            "bwd_dh",
+            f"{_H}:chunk_bwd_dh",
+            ("q", "k", "v", "do", "h0", "dht", "gk"),
+            ("dh", "dh0"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dh",
+            kernels_jax=f"{_JAX}:chunk_bwd_dh",
+            kwargs=(("scale", CASE_SCALE), ("states_in_fp32", True)),
+        ),
+        Stage(
+            "gla",
+            "bwd_dv",
+            f"{_G}:chunk_gla_bwd_dv",
+            ("k", "g", "A", "do", "dh"),
+            ("dv",),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dv",
+            kernels_jax=f"{_JAX}:chunk_gla_bwd_dv",
+        ),
+        Stage(
+            "gla",
+            "bwd_dA",
+            f"{_G}:chunk_gla_bwd_dA",
+            ("v", "do"),
+            ("dA",),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dA",
+            kernels_jax=f"{_JAX}:chunk_gla_bwd_dA",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "gla",
+            "bwd_dqk_intra",
+            f"{_G}:chunk_gla_bwd_dqk_intra",
+            ("q", "k", "g", "dA"),
+            ("dq", "dk"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dqk_intra",
+            kernels_jax=f"{_JAX}:chunk_gla_bwd_dqk_intra",
+        ),
+        Stage(
+            "gla",
+            "bwd_dqkg",
+            f"{_G}:chunk_gla_bwd_dqkg",
+            ("q", "k", "v", "h", "g", "do", "dh", "dq", "dk"),
+            ("dq", "dk", "dg"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dqkg",
+            kernels_jax=f"{_JAX}:chunk_gla_bwd_dqkg",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+    ),
+    tensors=tensors,
+    dtype=dtype,
+    present=present,
+    inputs=f"{_ORACLE}:stage_inputs",
+    check=check,
+    mask_undefined=mask_undefined,
+)

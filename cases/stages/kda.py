@@ -55,78 +55,10 @@ from __future__ import annotations
 import numpy as np
 
 from cases.layouts import PER_CHUNK, STATE, TIME, Tensor, declare
-from cases.stages import Stage, num_chunks
-from cases.stages.simple_gla import local_cumsum_stage
+from cases.stages.record import CASE_SCALE, RETURNS_FINAL_STATE, Stage, StageOp, local_cumsum_stage, num_chunks
 
-_KDA = "fla.ops.kda"
-_SCALE = ("scale", "$scale")
-
-STAGES = (
-    local_cumsum_stage("kda"),
-    Stage(
-        "kda",
-        "fwd_intra",
-        f"{_KDA}.chunk_intra:chunk_kda_fwd_intra",
-        ("q", "k", "v", "gk", "beta"),
-        ("w", "u", "qg", "kg", "Aqk", "Akk"),
-        "fwd",
-        kwargs=(_SCALE, ("safe_gate", False), ("disable_recompute", False)),
-    ),
-    Stage(
-        "kda",
-        "fwd_h",
-        "fla.ops.common.chunk_delta_h:chunk_gated_delta_rule_fwd_h",
-        ("k", "w", "u", "gk", "initial_state"),
-        ("h", "v_new", "ht"),
-        "fwd",
-        kwargs=(("output_final_state", "$ht"), ("state_v_first", False)),
-    ),
-    Stage(
-        "kda",
-        "fwd_o",
-        "fla.ops.gla.chunk:chunk_gla_fwd_o_gk",
-        ("q", "v", "g", "A", "h"),
-        ("o",),
-        "fwd",
-        kwargs=(_SCALE,),
-    ),
-    Stage(
-        "kda",
-        "bwd_dAv",
-        f"{_KDA}.chunk_bwd:chunk_kda_bwd_dAv",
-        ("q", "k", "v", "do", "A"),
-        ("dAqk", "dv"),
-        "bwd",
-        kwargs=(_SCALE,),
-    ),
-    Stage(
-        "kda",
-        "bwd_dhu",
-        "fla.ops.common.chunk_delta_h:chunk_gated_delta_rule_bwd_dhu",
-        ("q", "k", "w", "gk", "h0", "dht", "do", "dv"),
-        ("dh", "dh0", "dv"),
-        "bwd",
-        kwargs=(_SCALE, ("state_v_first", False)),
-    ),
-    Stage(
-        "kda",
-        "bwd_wy",
-        f"{_KDA}.chunk_bwd:chunk_kda_bwd_wy_dqkg_fused",
-        ("q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv"),
-        ("dq", "dk", "dv", "db", "dg", "dAkk"),
-        "bwd",
-        kwargs=(_SCALE, ("state_v_first", False)),
-    ),
-    Stage(
-        "kda",
-        "bwd_intra",
-        f"{_KDA}.chunk_intra:chunk_kda_bwd_intra",
-        ("q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg"),
-        ("dq", "dk", "db", "dg"),
-        "bwd",
-        kwargs=(("safe_gate", False),),
-    ),
-)
+_ORACLE = "references.stages.kda"
+_JAX = "kernels_jax.kda.stages"
 
 CHUNK_SIZES = (32, 64)  # FLA 0.6.0's KDA kernels (chunk_kda, chunk_kda_fwd_intra) take no others
 MAX_K = 256  # chunk_delta_h's kernels keep the state in 64-row blocks, at most four
@@ -156,12 +88,12 @@ def present(case, name: str) -> bool:
 
 def tensors(case) -> dict[str, Tensor]:
     """Shape and layout of every stage input and output of `case` (FLA's layout). q and k are the op's
-    [B, T, H, K] except in fwd_h and bwd_dhu, where FLA passes kg and qg [B, T, HV, K] as them."""
+    [B, T, H, K] (fwd_h and bwd_dhu, where FLA passes kg and qg [B, T, HV, K] as them, declare so:
+    Stage.like)."""
     B, T, H, K, V, N, C = case.B, case.T, case.H, case.K, case.V, case.N, case.chunk_size
     HV, NT = case.value_heads, num_chunks(case)
-    qk = (B, T, HV, K) if case.stage in ("fwd_h", "bwd_dhu") else (B, T, H, K)
     return {
-        **declare(("q", "k"), qk, TIME),
+        **declare(("q", "k"), (B, T, H, K), TIME),
         **declare(("g", "g_cumsum", "gk", "w", "qg", "kg", "dq", "dk", "dg"), (B, T, HV, K), TIME),
         **declare(("v", "u", "v_new", "do", "o", "dv"), (B, T, HV, V), TIME),
         **declare(("beta", "db"), (B, T, HV), TIME),
@@ -204,3 +136,96 @@ def mask_undefined(case, name: str, value):
     """`value` (numpy, stage output `name`) with what FLA leaves undefined (outside output_mask) set to 0."""
     mask = output_mask(case, name)
     return value if mask is None else np.where(mask, value, 0).astype(value.dtype)
+
+
+STAGE_OP = StageOp(
+    "kda",
+    stages=(
+        local_cumsum_stage("kda"),
+        Stage(
+            "kda",
+            "fwd_intra",
+            "fla.ops.kda.chunk_intra:chunk_kda_fwd_intra",
+            ("q", "k", "v", "gk", "beta"),
+            ("w", "u", "qg", "kg", "Aqk", "Akk"),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_intra",
+            kernels_jax=f"{_JAX}:chunk_kda_fwd_intra",
+            kwargs=(("scale", CASE_SCALE), ("safe_gate", False), ("disable_recompute", False)),
+        ),
+        Stage(
+            "kda",
+            "fwd_h",
+            "fla.ops.common.chunk_delta_h:chunk_gated_delta_rule_fwd_h",
+            ("k", "w", "u", "gk", "initial_state"),
+            ("h", "v_new", "ht"),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_h",
+            kernels_jax=f"{_JAX}:chunk_gated_delta_rule_fwd_h",
+            kwargs=(("output_final_state", RETURNS_FINAL_STATE), ("state_v_first", False)),
+            like=(("k", "kg"),),  # FLA passes kg as k
+        ),
+        Stage(
+            "kda",
+            "fwd_o",
+            "fla.ops.gla.chunk:chunk_gla_fwd_o_gk",
+            ("q", "v", "g", "A", "h"),
+            ("o",),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_o",
+            kernels_jax=f"{_JAX}:chunk_gla_fwd_o_gk",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "kda",
+            "bwd_dAv",
+            "fla.ops.kda.chunk_bwd:chunk_kda_bwd_dAv",
+            ("q", "k", "v", "do", "A"),
+            ("dAqk", "dv"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dAv",
+            kernels_jax=f"{_JAX}:chunk_kda_bwd_dAv",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "kda",
+            "bwd_dhu",
+            "fla.ops.common.chunk_delta_h:chunk_gated_delta_rule_bwd_dhu",
+            ("q", "k", "w", "gk", "h0", "dht", "do", "dv"),
+            ("dh", "dh0", "dv"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dhu",
+            kernels_jax=f"{_JAX}:chunk_gated_delta_rule_bwd_dhu",
+            kwargs=(("scale", CASE_SCALE), ("state_v_first", False)),
+            like=(("q", "qg"), ("k", "kg")),  # FLA passes qg, kg as q, k
+        ),
+        Stage(
+            "kda",
+            "bwd_wy",
+            "fla.ops.kda.chunk_bwd:chunk_kda_bwd_wy_dqkg_fused",
+            ("q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv"),
+            ("dq", "dk", "dv", "db", "dg", "dAkk"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_wy",
+            kernels_jax=f"{_JAX}:chunk_kda_bwd_wy_dqkg_fused",
+            kwargs=(("scale", CASE_SCALE), ("state_v_first", False)),
+        ),
+        Stage(
+            "kda",
+            "bwd_intra",
+            "fla.ops.kda.chunk_intra:chunk_kda_bwd_intra",
+            ("q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg"),
+            ("dq", "dk", "db", "dg"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_intra",
+            kernels_jax=f"{_JAX}:chunk_kda_bwd_intra",
+            kwargs=(("safe_gate", False),),
+        ),
+    ),
+    tensors=tensors,
+    dtype=dtype,
+    present=present,
+    inputs=f"{_ORACLE}:stage_inputs",
+    check=check,
+    mask_undefined=mask_undefined,
+)

@@ -33,69 +33,12 @@ returns one (FLA's autograd passes None otherwise); h0 the op's initial state wh
 from __future__ import annotations
 
 from cases.layouts import PER_CHUNK, PER_HEAD, STATE, TIME, Tensor, declare
-from cases.stages import RCP_LN2, Stage, num_chunks
+from cases.stages.record import CASE_SCALE, RETURNS_FINAL_STATE, Stage, StageOp, local_cumsum_stage, num_chunks
 
 _H = "fla.ops.common.chunk_h"
 _O = "fla.ops.common.chunk_o"
-
-
-def local_cumsum_stage(op: str) -> Stage:
-    """FLA's chunk_local_cumsum of `op`'s per-token g gate [B, T, H, ...] -> g_cumsum (the same
-    shape, times 1 / ln 2: log2 units), the first stage of every op with a g gate."""
-    return Stage(
-        op,
-        "local_cumsum",
-        "fla.ops.utils.cumsum:chunk_local_cumsum",
-        ("g",),
-        ("g_cumsum",),
-        "fwd",
-        kwargs=(("scale", RCP_LN2),),
-        g_only=True,
-    )
-
-
-STAGES = (
-    local_cumsum_stage("simple_gla"),
-    Stage(
-        "simple_gla",
-        "fwd_h",
-        f"{_H}:chunk_fwd_h",
-        ("k", "v", "gate", "h0"),
-        ("h", "ht"),
-        "fwd",
-        kwargs=(("output_final_state", "$ht"), ("states_in_fp32", False)),
-    ),
-    Stage(
-        "simple_gla", "fwd_o", f"{_O}:chunk_fwd_o", ("q", "k", "v", "h", "gate"), ("o",), "fwd", (("scale", "$scale"),)
-    ),
-    Stage(
-        "simple_gla",
-        "bwd_dh",
-        f"{_H}:chunk_bwd_dh",
-        ("q", "k", "v", "do", "h0", "dht", "gate"),
-        ("dh", "dh0"),
-        "bwd",
-        kwargs=(("scale", "$scale"), ("states_in_fp32", True)),
-    ),
-    Stage(
-        "simple_gla",
-        "bwd_dv",
-        f"{_O}:chunk_bwd_dv",
-        ("q", "k", "do", "dh", "gate"),
-        ("dv",),
-        "bwd",
-        (("scale", "$scale"),),
-    ),
-    Stage(
-        "simple_gla",
-        "bwd_dqkwg",
-        f"{_O}:chunk_bwd_dqkwg",
-        ("q", "k", "v", "do", "h", "dh", "gate"),
-        ("dq", "dk", "dw", "dg"),
-        "bwd",
-        kwargs=(("scale", "$scale"),),
-    ),
-)
+_ORACLE = "references.stages.simple_gla"
+_JAX = "kernels_jax.simple_gla.stages"
 
 
 def present(case, name: str) -> bool:
@@ -120,11 +63,78 @@ def tensors(case) -> dict[str, Tensor]:
 
 
 def dtype(case, name: str) -> str:
-    """The case dtype for q, k, v, do and their gradients, and for h where FLA's forward keeps
-    states in k's dtype (fwd_h's output, fwd_o's input); float32 for gates, ht, h0, dht, dh, dh0
-    and bwd_dqkwg's h (FLA's backward recomputes it in float32)."""
+    """The case dtype for q, k, v, do and their gradients; float32 for gates, ht, h0, dht, dh, dh0
+    and h (FLA's backward recomputes it in float32; fwd_h and fwd_o, where FLA's forward keeps
+    states in k's dtype, declare their h in the case dtype: Stage.case_dtype)."""
     if name in ("q", "k", "v", "do", "o", "dq", "dk", "dv"):
         return case.dtype
-    if name == "h" and case.stage in ("fwd_h", "fwd_o"):
-        return case.dtype
     return "float32"
+
+
+STAGE_OP = StageOp(
+    "simple_gla",
+    stages=(
+        local_cumsum_stage("simple_gla"),
+        Stage(
+            "simple_gla",
+            "fwd_h",
+            f"{_H}:chunk_fwd_h",
+            ("k", "v", "gate", "h0"),
+            ("h", "ht"),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_h",
+            kernels_jax=f"{_JAX}:chunk_fwd_h",
+            kwargs=(("output_final_state", RETURNS_FINAL_STATE), ("states_in_fp32", False)),
+            case_dtype=("h",),  # FLA's forward keeps the states in k's dtype (states_in_fp32=False)
+        ),
+        Stage(
+            "simple_gla",
+            "fwd_o",
+            f"{_O}:chunk_fwd_o",
+            ("q", "k", "v", "h", "gate"),
+            ("o",),
+            "fwd",
+            oracle=f"{_ORACLE}:oracle_fwd_o",
+            kernels_jax=f"{_JAX}:chunk_fwd_o",
+            kwargs=(("scale", CASE_SCALE),),
+            case_dtype=("h",),  # FLA's forward keeps the states in k's dtype (states_in_fp32=False)
+        ),
+        Stage(
+            "simple_gla",
+            "bwd_dh",
+            f"{_H}:chunk_bwd_dh",
+            ("q", "k", "v", "do", "h0", "dht", "gate"),
+            ("dh", "dh0"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dh",
+            kernels_jax=f"{_JAX}:chunk_bwd_dh",
+            kwargs=(("scale", CASE_SCALE), ("states_in_fp32", True)),
+        ),
+        Stage(
+            "simple_gla",
+            "bwd_dv",
+            f"{_O}:chunk_bwd_dv",
+            ("q", "k", "do", "dh", "gate"),
+            ("dv",),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dv",
+            kernels_jax=f"{_JAX}:chunk_bwd_dv",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+        Stage(
+            "simple_gla",
+            "bwd_dqkwg",
+            f"{_O}:chunk_bwd_dqkwg",
+            ("q", "k", "v", "do", "h", "dh", "gate"),
+            ("dq", "dk", "dw", "dg"),
+            "bwd",
+            oracle=f"{_ORACLE}:oracle_bwd_dqkwg",
+            kernels_jax=f"{_JAX}:chunk_bwd_dqkwg",
+            kwargs=(("scale", CASE_SCALE),),
+        ),
+    ),
+    tensors=tensors,
+    dtype=dtype,
+    present=present,
+    inputs=f"{_ORACLE}:stage_inputs",
+)

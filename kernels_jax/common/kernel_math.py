@@ -3,8 +3,8 @@ matrices and the compiler parameters.
 
 Safe decays: a log-decay cumulative sum b is non-increasing inside a chunk, so
 exp(b_i - b_j) <= 1 for i >= j, while the upper triangle (i < j) can overflow float32
-once |g| * chunk_size > 88.7 (seeds 000/001). `causal_decay` masks the exponent before
-exp, never the product after it (inf * 0 = NaN).
+once |g| * chunk_size > 88.7 (the bug classes masked-exp-overflow and split-decay-overflow).
+`causal_decay` masks the exponent before exp, never the product after it (inf * 0 = NaN).
 """
 
 from __future__ import annotations

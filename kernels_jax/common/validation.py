@@ -11,7 +11,7 @@ value heads: value head j reads q, k head j // G). One rule set for all five ops
                  gdn: g [B, T, HV] and beta [B, T, HV]
                  gdn2: g [B, T, HV, K], erase gate b [B, T, HV, K], write gate w [B, T, HV, V]
                  log-decays (g, g_gamma) must be finite and <= 0 where their values are known
-                 (a positive decay overflows exp inside a chunk: seed 001)
+                 (a positive decay overflows exp inside a chunk, as in split-decay-overflow)
     scale        None (K ** -0.5) or a finite number > 0
     chunk_size   one of CHUNK_SIZES
     cu_seqlens   integer [N + 1], B == 1, from 0 to T, non-decreasing (an empty sequence

@@ -19,8 +19,8 @@ Decays: every exponent is the sum of g over a token interval, computed directly 
 a sub-block boundary r, and the suffix sums G_last - G_i. Empty intervals give exp(0) = 1 and are
 masked after, so the mask is part of the exponent. For log-decays g <= 0 every exponent is <= 0:
 nothing overflows however far the cumulative decay inside a chunk goes past the float32 exp
-range (seed 000). Interval sums do not suffer the cancellation of G_i - G_j for large |G|, so
-decays near the end of a long, steep chunk keep full float32 accuracy.
+range (masked-exp-overflow). Interval sums do not suffer the cancellation of G_i - G_j for large
+|G|, so decays near the end of a long, steep chunk keep full float32 accuracy.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ before chunk c and dh_c the gradient w.r.t. the state after chunk c:
     h_c+1  = exp(b_C) h_c + sum_j exp(b_C - b_j) k_j^T v_j
     dh_c-1 = exp(b_C) dh_c + scale * sum_i exp(b_i) q_i^T do_i
     db_i   = q_i.dq_i - k_i.dk_i  (+ <h_c+1, dh_c> on the chunk's last slot)
-Every exponent is <= 0 (seeds 000/001); states, decays and every dot accumulate in
-float32. The kernels (stages, FLA's names):
+Every exponent is <= 0 (masked-exp-overflow, split-decay-overflow); states, decays and every
+dot accumulate in float32. The kernels (stages, FLA's names):
     chunk_fwd_h      grid (H, K/bk, V/bv, NT)  sequential over chunks, state in VMEM scratch
     chunk_fwd_o      grid (H, V/bv, NT, K/bk)  K tiles accumulated in scratch
     chunk_bwd_dh     grid (H, K/bk, V/bv, NT)  reverse over chunks

@@ -25,10 +25,11 @@ from parity.execute.runner import run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
 from parity.judge.case import deciding_tensor
 from parity.judge.gate import GateRefusal, format_summary, run_gate
-from parity.measure.compare import fmt
+from parity.judge.words import fmt
 from parity.model.host import tpu_attached
 from parity.model.options import ALLOW_UNBOUNDED_REFERENCE
-from parity.records import UNJUDGED, RecordError
+from parity.model.verdict import UNJUDGED, Verdict
+from parity.records import RecordError
 
 
 def add_parser(sub) -> None:
@@ -112,7 +113,7 @@ def judge_run(out: Path, specs, summary: dict, a) -> tuple[dict | None, int, str
             return None, 2, f"gate: refused: {e}"
         return result, 0 if result["ok"] else 1, format_summary(result)
     judged = [r["verdict"] for r in summary["results"] if r["side"] != "reference"]
-    return None, 0 if all(v in ("pass", "unsupported") for v in judged) else 1, ""
+    return None, 0 if all(v in (Verdict.PASS, Verdict.UNSUPPORTED) for v in judged) else 1, ""
 
 
 TOLERANCE_ONLY = "(tolerance only)"  # a column whose verdicts are each tensor against its tolerance, no bound
@@ -123,10 +124,10 @@ def _cell(r: dict, entry: dict | None) -> str:
     decided it; without an entry, the record's own verdict and its worst tensor's rel_rms."""
     if entry is not None:
         name = deciding_tensor(entry)
-        if entry["verdict"] not in ("pass", *UNJUDGED) and name:
+        if entry["verdict"] not in (Verdict.PASS, *UNJUDGED) and name:
             t = entry["tensors"][name]
             return f"{entry['verdict']} {name}={fmt(t['rel_rms'])} ({t['rule']})"
-        if entry["verdict"] != "pass":
+        if entry["verdict"] != Verdict.PASS:
             return entry["verdict"]
     eps, worst = r["worst_rel_rms"], r["worst_tensor"]
     verdict = entry["verdict"] if entry is not None else r["verdict"]

@@ -22,18 +22,10 @@ from parity.execute.backends import BackendResult, as_spec, execute, make_backen
 from parity.execute.backends.oracle import cached_oracle
 from parity.execute.tpu_compile import compile_for_targets
 from parity.measure import tpu_numerics
-from parity.measure.compare import bound, compare_tensor
+from parity.measure.compare import compare_tensor, compute_judgement
 from parity.model.inputs import case_inputs
-from parity.records import (
-    UNJUDGED,
-    ResultRecord,
-    base_record,
-    repro_command,
-    result_path,
-    tpu_kernel_problem,
-    worst_verdict,
-    write_record,
-)
+from parity.model.verdict import UNJUDGED, Verdict, worst_verdict
+from parity.records import ResultRecord, base_record, repro_command, result_path, tpu_kernel_problem, write_record
 from references import error_scales
 
 
@@ -48,10 +40,10 @@ def _tensor_records(case, result, oracle, scales, input_hash=None) -> dict:
             t["seeds"] = [_seed_entry(case.seed, input_hash, t)]
             recs[name] = t
         elif name in result.notes.get("not_judged", {}):
-            recs[name] = {"verdict": "not-judged", "reason": result.notes["not_judged"][name]}
+            recs[name] = {"verdict": Verdict.NOT_JUDGED, "reason": result.notes["not_judged"][name]}
         else:
             reason = result.notes.get("unsupported_tensors", {}).get(name, "not returned")
-            recs[name] = {"verdict": "unsupported", "reason": reason}
+            recs[name] = {"verdict": Verdict.UNSUPPORTED, "reason": reason}
     return recs
 
 
@@ -69,7 +61,7 @@ def _oracle_tensor_stats(tensors) -> dict:
             "rms": float(np.sqrt(np.mean(np.square(a)))) if a.size else 0.0,
             "max_abs": float(np.abs(a).max(initial=0.0)),
             "nonfinite": int(np.sum(~np.isfinite(a))),
-            "verdict": "pass",
+            "verdict": Verdict.PASS,
         }
         for n, a in tensors.items()
     }
@@ -95,10 +87,10 @@ def _record(case, spec, result, oracle, input_hash, run_id, scales=None) -> Resu
         rec["tensors"], rec["verdict"] = {}, result.status
     elif result.side == "oracle":
         rec["tensors"] = _oracle_tensor_stats(result.tensors)
-        rec["verdict"] = "pass"
+        rec["verdict"] = Verdict.PASS
     else:
         rec["tensors"] = _tensor_records(case, result, oracle, scales or {}, input_hash)
-        rec["verdict"] = _verdict(rec, "unsupported")
+        rec["verdict"] = _verdict(rec, Verdict.UNSUPPORTED)
         rec["error"] = tpu_kernel_problem(rec) or rec["error"]
     return rec
 
@@ -108,7 +100,7 @@ def _verdict(rec: dict, none_judged: str) -> str:
     Pallas candidate that did not run as a TPU kernel (tpu_kernel_problem); `none_judged` when
     neither applies."""
     verdicts = [t["verdict"] for t in rec["tensors"].values() if t["verdict"] not in UNJUDGED]
-    verdicts += ["error"] if tpu_kernel_problem(rec) else []
+    verdicts += [Verdict.ERROR] if tpu_kernel_problem(rec) else []
     return worst_verdict(verdicts) if verdicts else none_judged
 
 
@@ -321,13 +313,13 @@ def wants_seed(records: list[dict], k: int, seeds_min: int, seeds_max: int) -> b
     if not pairs:
         return bool(ran) and k < seeds_min
     for cand, ref in pairs:
-        if cand["verdict"] not in ("pass", "unsupported"):
+        if cand["verdict"] not in (Verdict.PASS, Verdict.UNSUPPORTED):
             continue  # already failed: more seeds cannot change that
         for name, ct in cand["tensors"].items():
             rt = ref["tensors"].get(name)
-            if ct["verdict"] != "pass" or not rt or rt.get("rel_rms") is None:
+            if ct["verdict"] != Verdict.PASS or not rt or rt.get("rel_rms") is None:
                 continue
-            j = bound(ct, rt, 1.0, seeds_min, seeds_max).get("compute")
+            j = compute_judgement(ct, rt, 1.0, seeds_min, seeds_max)
             if j and j["state"] == "more":
                 return True
     return False
@@ -366,7 +358,7 @@ def _run_seed(
                 if old is None or old["verdict"] in UNJUDGED or t["verdict"] in UNJUDGED:
                     continue
                 old["seeds"] += t["seeds"]
-                if t["verdict"] != "pass" and old["verdict"] == "pass":  # a later seed's tolerance or NaN
+                if t["verdict"] != Verdict.PASS and old["verdict"] == Verdict.PASS:  # a later seed's tolerance or NaN
                     old["verdict"] = t["verdict"]
                     old["localisation"] = {**t.get("localisation", {}), "seed": case.seed}
             rec["verdict"] = _verdict(rec, rec["verdict"])

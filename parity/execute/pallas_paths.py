@@ -5,7 +5,7 @@ inside parity.execute.tpu_identity's emulation, before the harness forces TPU in
     False                        "mosaic": compiled by Mosaic on a TPU; here it runs in TPU
                                  interpret mode (pltpu.force_tpu_interpret_mode)
     pltpu.InterpretParams(...)   "tpu-interpret": the code asks for TPU interpret mode itself, on
-                                 a TPU too (interpret mode left on: seed 003)
+                                 a TPU too (interpret mode left on: interpret-mode-left-on)
     True, or anything else       "generic-interpreter": Pallas's generic interpreter (a jit of a
                                  scan over the grid), on a TPU too
 and a program with no pallas_call at all runs plain XLA: no Pallas kernel, or a fallback the
@@ -23,8 +23,8 @@ MOSAIC, TPU_INTERPRET, GENERIC = "mosaic", "tpu-interpret", "generic-interpreter
 WHY = {
     None: "no Pallas kernel in the traced program (no pallas_call: plain XLA, or a fallback the library chose)",
     GENERIC: "its pallas_calls pass interpret=True: Pallas's generic interpreter, on a TPU too, not a Mosaic kernel",
-    TPU_INTERPRET: "its pallas_calls pass interpret=pltpu.InterpretParams(...): TPU interpret mode left on "
-    "(seed 003), not a Mosaic kernel",
+    TPU_INTERPRET: "its pallas_calls pass interpret=pltpu.InterpretParams(...): TPU interpret mode left on, "
+    "not a Mosaic kernel",
 }
 
 

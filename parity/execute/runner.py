@@ -96,12 +96,13 @@ class Schedule:
     """The units of a run, handed out one at a time: (case, backends to run on it; BackendSpecs,
     the oracle excluded: run_cases runs it first in every unit). This one runs every case through
     every backend, one unit per case, in the cases' order. A subclass may hold units back (`take`
-    returns None while one waits) and plan more as units end (`finished`); every (case, backend)
-    pair it ever planned is in `pairs`, which the run's manifest lists."""
+    returns None while one waits) and plan more as units end (`finished`: `plan` a new unit, or
+    `join` backends to a case's queued one); every (case, backend) pair it ever planned is in
+    `pairs`, which the run's manifest lists. Only these methods change the queue."""
 
     def __init__(self, cases: list[Case], specs: list):
         self.cases, self.specs = list(cases), list(specs)
-        self.queue: deque[tuple[Case, list]] = deque()
+        self._queue: deque[tuple[Case, list]] = deque()
         self.pairs: dict[tuple[str, str], None] = {}  # (case_id, backend name), in planning order
         self.planned = 0  # units planned so far
         for c in self.initial_units():
@@ -113,9 +114,25 @@ class Schedule:
 
     def plan(self, case: Case, specs: list, first: bool = False) -> None:
         """Queue a unit (at the front when `first`) and remember its pairs."""
-        (self.queue.appendleft if first else self.queue.append)((case, list(specs)))
+        (self._queue.appendleft if first else self._queue.append)((case, list(specs)))
         self.note(case, specs)
         self.planned += 1
+
+    def join(self, case: Case, specs: list) -> bool:
+        """Add backends to the queued unit of `case` and move that unit to the front (it runs
+        next); False, and nothing changed, when no unit of `case` is queued."""
+        unit = next((u for u in self._queue if u[0].id == case.id), None)
+        if unit is None:
+            return False
+        unit[1].extend(specs)
+        self.note(case, specs)
+        self._queue.remove(unit)
+        self._queue.appendleft(unit)
+        return True
+
+    def queued(self, case: Case) -> bool:
+        """Whether a unit of `case` waits in the queue (planned, not yet taken)."""
+        return any(u[0].id == case.id for u in self._queue)
 
     def note(self, case: Case, specs: list) -> None:
         """Remember (case, backend) pairs as planned (the oracle's with them)."""
@@ -130,11 +147,11 @@ class Schedule:
 
     def take(self) -> tuple[Case, list] | None:
         """The next unit to run, or None when none is ready now."""
-        return self.queue.popleft() if self.queue else None
+        return self._queue.popleft() if self._queue else None
 
     def pending(self) -> bool:
         """Whether units are left, ready or held back."""
-        return bool(self.queue)
+        return bool(self._queue)
 
     def finished(self, case: Case, specs: list) -> None:
         """A unit ended: every backend in `specs` has its record (a result, or why it has none)."""

@@ -52,8 +52,8 @@ or forward and backward through jax.vjp: `parity.execute.backends.calling.jax_pr
 A Pallas candidate whose compiled module holds no Mosaic kernel for every pallas_call fails, and
 its error names which of three causes: no pallas_call in the program (plain XLA, or a library's
 fallback), interpret=True (Pallas's generic interpreter), interpret=InterpretParams (TPU
-interpret mode left on, seed 003). `cost_analysis()` is not reported: it is not meaningful
-for Mosaic custom calls.
+interpret mode left on: bug class interpret-mode-left-on). `cost_analysis()` is not reported: it
+is not meaningful for Mosaic custom calls.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from parity.html.rows import (
     summary,
 )
 from parity.judge.diff import ratio_summary
-from parity.records import VERDICT_ORDER, load_latest, read_json
+from parity.model.verdict import Verdict
+from parity.records import load_latest, read_json
 
 PLOTLY_JS = "plotly.min.js"
 STATIC_FILES = ("report.js", "report.css")
@@ -109,7 +110,7 @@ def build_report(dirs: list[Path]) -> dict:
         "summary": s,
         "backends": backends,
         "sides": {b: next(r[b]["side"] for r in by_case.values() if b in r) for b in backends},
-        "verdict_order": list(VERDICT_ORDER),
+        "verdict_order": list(Verdict),
         "compile_targets": targets,
         "bound": bound_points(gate_cases, rows, factor),
         "rows": rows,

@@ -5,7 +5,7 @@ table's compile column (`compile_cell`) and the detail view's compile section (`
 from __future__ import annotations
 
 from parity.judge.compiles import CompileFigures, compile_figures
-from parity.records import VERDICT_ORDER
+from parity.model.verdict import Verdict
 
 COMPILE_LABEL = "compiled for TPU on a CPU host (deviceless AOT compile; nothing executed)"
 TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
@@ -13,8 +13,8 @@ TARGET_ORDER = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 
 def worst_page_verdict(verdicts) -> str:
     """worst_verdict over the page's verdicts (compile verdicts included; unknown ones count as error)."""
-    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
-    return min(verdicts, key=lambda v: rank.get(v, 0), default="pass")
+    rank = {v: i for i, v in enumerate(Verdict)}
+    return min(verdicts, key=lambda v: rank.get(v, 0), default=Verdict.PASS)
 
 
 def _targets(rec: dict) -> dict[str, dict]:
@@ -104,7 +104,7 @@ def compile_section(
     if f is None:
         return None
     recs = [r for cid in sorted(compile_by_case) for _, r in sorted(compile_by_case[cid].items())]
-    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    rank = {v: i for i, v in enumerate(Verdict)}
     matrix = sorted((_matrix_row(r, index) for r in recs), key=lambda m: rank.get(m["verdict"], 0))  # failures first
     counts = {t: f.by_target.get(t, {}) for t in targets}
     failures = [

@@ -15,14 +15,14 @@ from parity.html.compile_view import COMPILE_LABEL, compile_cell, compile_detail
 from parity.judge.case import deciding_tensor, judge_case
 from parity.judge.localise import localise_stages
 from parity.judge.summary import environment_lines, margin_line, margin_of, smallest_margin
-from parity.measure.compare import describe_localisation
+from parity.judge.words import describe_localisation
 from parity.measure.compute_error import MARGIN
 from parity.model.spec import REFERENCE
-from parity.records import VERDICT_ORDER
+from parity.model.verdict import Verdict
 
 
 def _ordered_counts(counter: Counter) -> dict:
-    known = [v for v in VERDICT_ORDER if v in counter]
+    known = [v for v in Verdict if v in counter]
     return {v: counter[v] for v in known + sorted(set(counter) - set(known))}
 
 
@@ -252,7 +252,7 @@ def _where(gate_entry: dict | None, worst: str | None) -> str | None:
 def _decided(entry: dict | None) -> dict:
     """{"d": 'TENSOR: RULE', "w": that rule with its figures} of the tensor that decided a gate entry
     that did not pass (as `parity run`'s table and the gate's summary name it); {} otherwise."""
-    name = deciding_tensor(entry) if entry and entry.get("verdict") != "pass" else None
+    name = deciding_tensor(entry) if entry and entry.get("verdict") != Verdict.PASS else None
     if not name:
         return {}
     t = entry["tensors"][name]
@@ -280,8 +280,8 @@ def headline_verdict(cells: dict[str, dict], recs: dict[str, dict], cc: dict | N
     and the reference's."""
     candidates = [b for b in cells if recs[b].get("side") == "candidate"]
     judged = [cells[b]["v"] for b in (candidates or cells)]
-    applicable = [v for v in judged if v != "unsupported"] + ([cc["v"]] if cc else [])
-    return worst_page_verdict(applicable) if applicable else "unsupported"
+    applicable = [v for v in judged if v != Verdict.UNSUPPORTED] + ([cc["v"]] if cc else [])
+    return worst_page_verdict(applicable) if applicable else Verdict.UNSUPPORTED
 
 
 def case_row(
@@ -296,7 +296,9 @@ def case_row(
         if r is None:
             continue
         entry = gate_case.get(b) if isinstance(gate_case, dict) else None
-        verdict = entry["verdict"] if entry and "verdict" in entry else r.get("verdict") or r.get("status") or "error"
+        verdict = (
+            entry["verdict"] if entry and "verdict" in entry else r.get("verdict") or r.get("status") or Verdict.ERROR
+        )
         name, t = _worst_tensor(r.get("tensors", {})) if r.get("side") != "oracle" else (None, {})
         nonfinite = any(x.get("nan") or x.get("inf") for x in r.get("tensors", {}).values())
         cell = {

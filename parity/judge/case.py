@@ -9,19 +9,16 @@ from __future__ import annotations
 import dataclasses
 
 from cases import Case
+from parity.judge.bound import bound
 from parity.judge.compiles import compile_problems
-from parity.judge.environment import (
-    UNBOUNDED_REFERENCE,
-    known_wrong_tensors,
-    reference_fallback,
-    reference_refusal,
-    unbounded_by,
-)
+from parity.judge.environment import known_wrong_tensors, reference_fallback, reference_refusal, unbounded_by
 from parity.judge.load import GateRefusal
-from parity.measure.compare import bound, bound_localisation, describe_bound, describe_localisation, fmt
+from parity.judge.words import describe_bound, describe_localisation, fmt
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
+from parity.measure.localisation import bound_localisation, localisation_record
 from parity.model.spec import REFERENCE
-from parity.records import UNJUDGED, tpu_kernel_problem, worst_verdict
+from parity.model.verdict import UNJUDGED, Verdict, worst_verdict
+from parity.records import tpu_kernel_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +32,7 @@ class Failure:
     case_id: str  # "*": every case of the candidate
     candidate: str
     tensor: str | None  # None: the (case, candidate) as a whole
-    verdict: str
+    verdict: str  # a Verdict (parity.model.verdict)
     detail: str = ""
     figures: dict | None = None
     repro: str | None = None  # the command that reproduces it (tensor and compile entries)
@@ -110,23 +107,23 @@ def judge_case(
     except GateRefusal as e:
         return CaseJudgement(case_id, refused=str(e))
     entries, compile_failures = _join_compiles(case_id, entries, compiles or {})
-    allowed = ("inconclusive",) * allow_inconclusive + (UNBOUNDED_REFERENCE,) * allow_unbounded_reference
+    allowed = (Verdict.INCONCLUSIVE,) * allow_inconclusive + (Verdict.UNBOUNDED_REFERENCE,) * allow_unbounded_reference
     ref = (records or {}).get(reference)
     return CaseJudgement(
         case_id,
         entries=tuple(entries),
         failures=tuple(f for f in problems if f.verdict not in (*UNJUDGED, *allowed)),
         compile_failures=tuple(compile_failures),
-        inconclusive=tuple(f for f in problems if f.verdict == "inconclusive" and allow_inconclusive),
-        unsupported=tuple(f for f in problems if f.verdict == "unsupported"),
-        not_judged=tuple(f for f in problems if f.verdict == "not-judged"),
+        inconclusive=tuple(f for f in problems if f.verdict == Verdict.INCONCLUSIVE and allow_inconclusive),
+        unsupported=tuple(f for f in problems if f.verdict == Verdict.UNSUPPORTED),
+        not_judged=tuple(f for f in problems if f.verdict == Verdict.NOT_JUDGED),
         findings=tuple(findings),
         unbounded=tuple(u for u in map(_unbounded, entries) if u),
         unbounded_by_environment=tuple(
             {**u, "allowed": allow_unbounded_reference} for e in entries for u in _unbounded_by_environment(e)
         ),
         unbounded_reference=tuple(
-            f for f in problems if f.verdict == UNBOUNDED_REFERENCE and allow_unbounded_reference
+            f for f in problems if f.verdict == Verdict.UNBOUNDED_REFERENCE and allow_unbounded_reference
         ),
         reference_fallback=reference_fallback(ref) if ref else None,
     )
@@ -175,7 +172,7 @@ def _reference_findings(case_id: str, ref: dict, refusal: dict | None = None) ->
         )
         out.append({"case_id": case_id, "tensor": None, "finding": f"reference {ref['status']}: {what}"})
     for name, t in ref.get("tensors", {}).items():
-        if t.get("verdict") in ("fail-accuracy", "nan-inf"):
+        if t.get("verdict") in (Verdict.FAIL_ACCURACY, Verdict.NAN_INF):
             out.append(
                 {
                     "case_id": case_id,
@@ -216,13 +213,13 @@ def _candidate_entry(
         return {**entry, "verdict": cand["status"], "error": cand.get("error")}
     why = _nothing_compared(cand)
     if why:
-        return {**entry, "verdict": "error", "error": why}
+        return {**entry, "verdict": Verdict.ERROR, "error": why}
     for name, ct in cand["tensors"].items():
         entry["tensors"][name] = _judge_tensor(case_id, name, ct, ref, cand, factor, environment)
     entry["verdict"] = worst_verdict(t["verdict"] for t in entry["tensors"].values())
     problem = tpu_kernel_problem(cand)
     if problem:  # never passed, whatever its tensors
-        entry.update(verdict="error", error=problem)
+        entry.update(verdict=Verdict.ERROR, error=problem)
     return entry
 
 
@@ -250,22 +247,22 @@ def _judge_tensor(
         except ValueError as e:
             raise GateRefusal(f"case {case_id}, {name}: {e}; refusing to compare") from None
         t["bound"] = b
-        if verdict == "pass" and not b["ok"]:
+        if verdict == Verdict.PASS and not b["ok"]:
             verdict = b["verdict"]
     else:
         t["bound"] = None
         if verdict in UNJUDGED:
-            t["bound_note"] = "candidate has no such tensor" if verdict == "unsupported" else ct.get("reason", "")
+            t["bound_note"] = "candidate has no such tensor" if verdict == Verdict.UNSUPPORTED else ct.get("reason", "")
         elif why_unbounded:
             t["bound_note"] = f"the reference's environment ({why_unbounded['issue']}): {why_unbounded['cause']}"
             t["unbounded_by"] = why_unbounded
-            verdict = UNBOUNDED_REFERENCE if verdict == "pass" else verdict
+            verdict = Verdict.UNBOUNDED_REFERENCE if verdict == Verdict.PASS else verdict
         else:
             t["bound_note"] = f"reference has no {name}: {(rt or {}).get('reason', ref['status'])}"
     t["verdict"] = verdict
-    if verdict == "fail-bound":
-        t["localisation"] = bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor)
-    elif verdict not in ("pass", *UNJUDGED):
+    if verdict == Verdict.FAIL_BOUND:
+        t["localisation"] = localisation_record(bound_localisation(Case.from_dict(cand["case"]), name, ct, rt, factor))
+    elif verdict not in (Verdict.PASS, *UNJUDGED):
         t["localisation"] = ct.get("localisation", {})
     t["rule"], t["why"] = _rule(t, ct)
     if t.get("localisation"):
@@ -280,9 +277,9 @@ def _rule(t: dict, ct: dict) -> tuple[str, str]:
     v, b = t["verdict"], t.get("bound")
     if v in UNJUDGED:
         return v, f"{v}: {ct.get('reason', '')}"
-    if t["accuracy"] != "pass":
+    if t["accuracy"] != Verdict.PASS:
         return tolerance_rule(ct)
-    if v == UNBOUNDED_REFERENCE:
+    if v == Verdict.UNBOUNDED_REFERENCE:
         u = t["unbounded_by"]
         return v, f"{v}: bound not enforced, {u['issue']}: {u['cause']}; fix: {u['fix']}; {tolerance_rule(ct)[1]}"
     if not b:
@@ -298,10 +295,10 @@ def _rule(t: dict, ct: dict) -> tuple[str, str]:
 def tolerance_rule(ct: dict) -> tuple[str, str]:
     """(rule, that rule with its figures) of a tensor record's own verdict against the oracle:
     nan-inf (NaN/Inf where the oracle is finite) or tolerance (rel_rms against tol)."""
-    if ct["verdict"] == "nan-inf":
+    if ct["verdict"] == Verdict.NAN_INF:
         return "nan-inf", f"nan-inf: {ct.get('nan', 0)} NaN and {ct.get('inf', 0)} Inf where the oracle is finite"
     eps, tol = ct.get("rel_rms"), ct.get("tol")
-    return "tolerance", f"tolerance: rel_rms {fmt(eps)} {'<=' if ct['verdict'] == 'pass' else '>'} tol {fmt(tol)}"
+    return "tolerance", f"tolerance: rel_rms {fmt(eps)} {'<=' if ct['verdict'] == Verdict.PASS else '>'} tol {fmt(tol)}"
 
 
 def deciding_tensor(entry: dict) -> str | None:
@@ -328,13 +325,13 @@ def _candidate_problems(entry: dict, cand: dict, ref: dict) -> list[Failure]:
         error = cand.get("error")
         return [Failure(case_id, cname, None, cand["status"], error.splitlines()[0][:200] if error else "")]
     if not entry["tensors"]:
-        return [Failure(case_id, cname, None, "error", entry["error"])]
+        return [Failure(case_id, cname, None, Verdict.ERROR, entry["error"])]
     out = []
     for name, t in entry["tensors"].items():
         ct = cand["tensors"][name]
         if t["verdict"] in UNJUDGED:
             out.append(Failure(case_id, cname, name, t["verdict"], ct.get("reason", "")))
-        elif t["verdict"] not in ("pass", UNBOUNDED_REFERENCE):
+        elif t["verdict"] not in (Verdict.PASS, Verdict.UNBOUNDED_REFERENCE):
             rt = ref.get("tensors", {}).get(name)
             out.append(
                 Failure(case_id, cname, name, t["verdict"], figures=_figures(ct, rt, t), repro=cand.get("repro"))
@@ -344,7 +341,7 @@ def _candidate_problems(entry: dict, cand: dict, ref: dict) -> list[Failure]:
             case_id,
             cname,
             None,
-            UNBOUNDED_REFERENCE,
+            Verdict.UNBOUNDED_REFERENCE,
             f"{', '.join(u['failing'])}: bound not enforced, {u['issue']}: {u['cause']}; fix: {u['fix']}",
         )
         for u in _unbounded_by_environment(entry)
@@ -352,7 +349,7 @@ def _candidate_problems(entry: dict, cand: dict, ref: dict) -> list[Failure]:
     ]
     problem = tpu_kernel_problem(cand)
     if problem:
-        out.append(Failure(case_id, cname, None, "error", problem))
+        out.append(Failure(case_id, cname, None, Verdict.ERROR, problem))
     return out
 
 
@@ -407,7 +404,7 @@ def _unbounded_by_environment(entry: dict) -> list[dict]:
                 {"case_id": entry["case_id"], "candidate": entry["candidate"], **u, "tensors": [], "failing": []},
             )
             x["tensors"].append(name)
-            x["failing"] += [name] if t["verdict"] == UNBOUNDED_REFERENCE else []
+            x["failing"] += [name] if t["verdict"] == Verdict.UNBOUNDED_REFERENCE else []
     return list(out.values())
 
 
@@ -422,14 +419,14 @@ def _join_compiles(case_id: str, entries: list[dict], compiles: dict[str, dict])
             "candidate": backend,
             "reference": None,
             "tensors": {},
-            "verdict": "pass",
+            "verdict": Verdict.PASS,
             "candidate_platform": "compile only (no execution)",
         }
         entry = {
             **entry,
             "compile": {t: ("ok" if r["ok"] else r.get("error_line") or "error") for t, r in rec["targets"].items()},
         }
-        if rec["verdict"] != "pass":
+        if rec["verdict"] != Verdict.PASS:
             entry["verdict"] = worst_verdict([entry["verdict"], rec["verdict"]])
             failures += [
                 Failure(case_id, backend, None, rec["verdict"], line, repro=rec.get("repro"))

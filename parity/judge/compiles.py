@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from parity.model.verdict import Verdict
+
 
 def compile_problems(rec: dict) -> list[str]:
     """One line per target that failed, or whose matmuls disagree with the numerics model."""
@@ -89,7 +91,7 @@ def compile_figures(compiles: dict[str, dict[str, dict]]) -> CompileFigures | No
     seconds = tuple(sorted(s for s, *_ in timed))
     return CompileFigures(
         pairs=len(recs),
-        passed=sum(r["verdict"] == "pass" for r in recs),
+        passed=sum(r["verdict"] == Verdict.PASS for r in recs),
         failed_pairs=sum(any(not t["ok"] for t in r["targets"].values()) for r in recs),
         by_target=by_target,
         compiles=sum(len(r["targets"]) for r in recs),

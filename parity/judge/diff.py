@@ -3,9 +3,9 @@
 For every (case, backend) in both runs (matched by case id; both records must hold the same
 input hash, else the diff is refused) and every tensor both compared against the oracle:
 ratio = eps_new / eps_base on rel_rms. A tensor is flagged when its ratio exceeds `max_ratio`
-(default 1.25) or its verdict gets worse (records.VERDICT_ORDER; NaN/Inf where there was
-none included). A kernel change that triples an error while staying inside tolerance is
-flagged here though every gate still passes. Refused (DiffRefusal, exit 2): a directory
+(default 1.25) or its verdict gets worse (parity.model.verdict.Verdict, declared worst first;
+NaN/Inf where there was none included). A kernel change that triples an error while staying
+inside tolerance is flagged here though every gate still passes. Refused (DiffRefusal, exit 2): a directory
 that cannot be read, a malformed record, mismatched input hashes, a (case, backend) of BASE
 missing from NEW (what the diff did not see is never a pass), nothing in common.
 The oracle's records carry no error and are not compared.
@@ -17,7 +17,8 @@ import math
 import statistics
 from pathlib import Path
 
-from parity.records import VERDICT_ORDER, RecordError, load_latest
+from parity.model.verdict import Verdict
+from parity.records import RecordError, load_latest
 
 DEFAULT_MAX_RATIO = 1.25
 
@@ -36,7 +37,7 @@ def _ratio(base: float | None, new: float | None) -> float | None:
 
 
 def _worse(base: str, new: str) -> bool:
-    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    rank = {v: i for i, v in enumerate(Verdict)}
     return rank.get(new, 0) < rank.get(base, 0)
 
 
@@ -77,8 +78,8 @@ def diff_runs(base_dirs: list[Path], new_dirs: list[Path], max_ratio: float = DE
                     case_id,
                     backend,
                     tensor,
-                    tb.get("verdict", "unsupported"),
-                    tn.get("verdict", "unsupported"),
+                    tb.get("verdict", Verdict.UNSUPPORTED),
+                    tn.get("verdict", Verdict.UNSUPPORTED),
                     tb.get("rel_rms"),
                     tn.get("rel_rms"),
                     max_ratio,

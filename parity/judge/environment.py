@@ -12,9 +12,6 @@ from __future__ import annotations
 
 from cases import Case
 from parity.model.fla_known import is_hopper, known_wrong, possibly_wrong, refusal_of
-from parity.records import UNBOUNDED_REFERENCE
-
-__all__ = ["UNBOUNDED_REFERENCE", "known_wrong_tensors", "reference_fallback", "reference_refusal", "unbounded_by"]
 
 
 def reference_refusal(ref: dict) -> dict | None:

@@ -57,7 +57,8 @@ from parity.judge.compiles import compile_problems, compile_summary
 from parity.judge.load import GateRefusal, load, load_checked, load_compiles
 from parity.judge.summary import format_compile_summary, format_summary
 from parity.model.spec import REFERENCE
-from parity.records import SCHEMA_VERSION, UNJUDGED, ByCase, write_json
+from parity.model.verdict import UNJUDGED, Verdict
+from parity.records import SCHEMA_VERSION, ByCase, write_json
 
 # judge_case, load, load_compiles, compile_problems, format_summary, format_compile_summary:
 # imported from here by the surfaces
@@ -178,7 +179,11 @@ def compared_nothing(result: dict) -> list[dict]:
     n = Counter(c["candidate"] for c in result["cases"])
     return [
         Failure(
-            "*", cand, None, "unsupported", f"unsupported everywhere: compared no tensor on any of its {n[cand]} cases"
+            "*",
+            cand,
+            None,
+            Verdict.UNSUPPORTED,
+            f"unsupported everywhere: compared no tensor on any of its {n[cand]} cases",
         ).as_dict()
         for cand, any_compared in sorted(seen.items())
         if not any_compared

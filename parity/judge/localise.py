@@ -18,11 +18,10 @@ from cases import Case
 from cases.suites import stage_cases
 from parity.judge.case import deciding_tensor, judge_case
 from parity.model.spec import REFERENCE
-from parity.records import UNJUDGED
+from parity.model.verdict import UNJUDGED, Verdict
 
-PASSED = "pass"
-NUMERICAL = ("nan-inf", "fail-accuracy", "fail-bound")
-COMPILE = ("compile-error", "numerics-mismatch")
+NUMERICAL = (Verdict.NAN_INF, Verdict.FAIL_ACCURACY, Verdict.FAIL_BOUND)
+COMPILE = (Verdict.COMPILE_ERROR, Verdict.NUMERICS_MISMATCH)
 
 
 def _judged(case: Case, records: dict, compiles: dict, candidate: str, factor: float) -> dict:
@@ -54,7 +53,7 @@ def _judged(case: Case, records: dict, compiles: dict, candidate: str, factor: f
 
 def failed(verdict: str) -> bool:
     """A verdict that puts a case over its bound (or breaks it): any but pass and the unjudged."""
-    return verdict not in (PASSED, *UNJUDGED, "missing")
+    return verdict not in (Verdict.PASS, *UNJUDGED, "missing")
 
 
 def localise_stages(
@@ -75,7 +74,7 @@ def localise_stages(
     for sc in stage_cases(case):
         stages.append({"stage": sc.stage, **_judged(sc, records, compiles, stage_candidate, factor)})
     first = next((s for s in stages if s["verdict"] in NUMERICAL + COMPILE), None)
-    given = [s for s in stages if s["verdict"] not in ("unsupported", "missing")]
+    given = [s for s in stages if s["verdict"] not in (Verdict.UNSUPPORTED, "missing")]
     return {
         "case": case.id,
         "candidate": candidate,
@@ -87,7 +86,7 @@ def localise_stages(
         "not_judged": [
             {"stage": s["stage"], "verdict": s["verdict"], "why": s.get("detail") or s.get("why") or ""}
             for s in given
-            if s["verdict"] not in (PASSED, *NUMERICAL, *COMPILE)
+            if s["verdict"] not in (Verdict.PASS, *NUMERICAL, *COMPILE)
         ],
     }
 

@@ -35,6 +35,7 @@ from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN, compute_error, no
 from parity.measure.tol import NP_DTYPES
 from parity.model.inputs import case_inputs
 from parity.model.spec import REFERENCE
+from parity.model.verdict import Verdict
 from references import error_scales
 
 LEVELS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0)
@@ -59,11 +60,11 @@ def _candidate(case: Case, ref: dict, oracles: list, level: float, rep: int, see
     cand.update(
         backend="noise",
         side="candidate",
-        verdict="pass",  # until its own tensors say otherwise (the reference's may be a finding)
+        verdict=Verdict.PASS,  # until its own tensors say otherwise (the reference's may be a finding)
         platform="synthetic: oracle + noise",
         seed_policy={"min": seeds_policy[0], "max": seeds_policy[1]},
     )
-    names = [n for n, t in ref["tensors"].items() if t.get("verdict") != "unsupported" and "seeds" in t]
+    names = [n for n, t in ref["tensors"].items() if t.get("verdict") != Verdict.UNSUPPORTED and "seeds" in t]
     for k, (full, scales) in enumerate(oracles):
         if k and not wants_seed([ref, cand], k, *seeds_policy):
             break
@@ -80,8 +81,8 @@ def _candidate(case: Case, ref: dict, oracles: list, level: float, rep: int, see
                 entry.update(t.pop("blocks"))
                 t["seeds"] = [entry]
                 cand["tensors"][n] = t
-                if t["verdict"] != "pass":
-                    cand["verdict"] = "fail-accuracy"
+                if t["verdict"] != Verdict.PASS:
+                    cand["verdict"] = Verdict.FAIL_ACCURACY
             else:
                 rounded = np.asarray(r, np.float64).astype(dt).astype(np.float64)
                 entry.update(error_blocks(case, n, x, r, rounded, scales.get(n)))
@@ -119,13 +120,13 @@ def ladder(
                 cand = _candidate(case, ref, oracles, level, rep, policy)
                 entry = evaluate({case_id: {REFERENCE: ref, "noise": cand}}, factor)["cases"][0]
                 for n, t in entry["tensors"].items():
-                    if t["verdict"] == "unsupported":
+                    if t["verdict"] == Verdict.UNSUPPORTED:
                         continue
                     if (t.get("bound") or {}).get("reference_nonfinite"):  # the gate holds it to no bound
                         no_bound.add(f"{case_id}/{n}")
                         continue
                     row = (case.op, case.dtype, case.gate, n)  # the gate decides where a tensor's magnitude sits
-                    caught[row][level].append(int(t["verdict"] != "pass"))
+                    caught[row][level].append(int(t["verdict"] != Verdict.PASS))
                     j = (t.get("bound") or {}).get("compute") or {}
                     seeds_used[row].append(j.get("seeds", 0))
                     methods[row].add(j.get("method"))

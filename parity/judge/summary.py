@@ -5,7 +5,7 @@ or FAIL."""
 
 from __future__ import annotations
 
-from parity.measure.compare import describe_localisation, fmt
+from parity.judge.words import describe_localisation, fmt
 
 
 def _interval(f: dict) -> str:

@@ -1,4 +1,5 @@
-"""`tol(case, tensor)`: the rel_rms against the float64 oracle that a correct kernel meets.
+"""`tol(case, tensor)`: the rel_rms against the float64 oracle that a correct kernel meets, and
+`tolerance_verdict`: a tensor's verdict against it.
 
 Formula (one for the whole project):
 
@@ -49,6 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from cases.stages import stage_dtype
+from parity.model.verdict import Verdict
 
 TOL_FILE = Path(__file__).with_name("tolerances.json")
 MARGIN = 4.0
@@ -100,6 +102,15 @@ def tol(case, tensor: str) -> float:
     itself rounded to bfloat16 has rel_rms up to about u / 2; the formula falls under it at small K
     and chunk, e.g. simple_gla-fwd-B1-T16-H1-K8-V8-bf16-C16-g_logsig)."""
     return max(coef(case, tensor) * UNIT[case.dtype] * growth(case), ROUNDOFF[output_dtype(case, tensor)])
+
+
+def tolerance_verdict(nan: int, inf: int, eps: float, tolerance: float) -> Verdict:
+    """A tensor's verdict against its tolerance: nan-inf (NaN/Inf where the oracle is finite), else
+    fail-accuracy (rel_rms `eps` over `tolerance`, or NaN), else pass. Each record's tensors hold it
+    from the run on (parity.measure.compare), below the gate's bound (parity.judge.bound)."""
+    if nan or inf:
+        return Verdict.NAN_INF
+    return Verdict.FAIL_ACCURACY if not eps <= tolerance else Verdict.PASS
 
 
 def output_dtype(case, tensor: str) -> str:

@@ -3,6 +3,8 @@
     spec.py             backend specs (oracle, fla, pallas, mutant:NAME, NAME=FRAMEWORK:MODULE:FUNCTION),
                         sides, statuses, Unsupported, KernelCall (standard library only: the
                         pytest plugin reads names from it in every session)
+    verdict.py          Verdict, the one vocabulary of verdicts (a str enum, worst first),
+                        UNJUDGED, worst_verdict (standard library only)
     kernels.py          which kernels_jax function each built-in candidate calls for an op
     targets.py          the TPU targets (v4, v5e, v5p, v6e, tpu7x) and their topologies
     options.py          the option values the command line and the pytest plugin share, parsed and

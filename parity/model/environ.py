@@ -32,3 +32,10 @@ def fresh(kind: str) -> bool:
     """Whether this process was asked to ignore the harness's cache `kind` (PARITY_FRESH)."""
     value = os.environ.get(FRESH, "")
     return value == "1" or kind in value.split(",")
+
+
+def fresh_also(kind: str) -> dict[str, str]:
+    """PARITY_FRESH's value that ignores the cache `kind` as well as what it ignores now, for
+    `exported`."""
+    value = os.environ.get(FRESH, "")
+    return {FRESH: value if value == "1" or kind in value.split(",") else ",".join(filter(None, (value, kind)))}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 
 from cases import Case, storage_dtype
-from cases.stages import STAGE_OPS, stage_of
+from cases.stages import stage_of
 from parity.model.spec import Unsupported
 
 # the built-in candidates: implementation name -> {op: (module, function)} of kernels_jax
@@ -22,8 +22,8 @@ PALLAS_KERNELS = {
     "pallas-fused": {"simple_gla": ("kernels_jax.simple_gla", "fused_chunk_simple_gla")},
 }
 FUSED_ONLY = {"pallas-fused": "the fused path exists for g_gamma gating only"}
-# implementation -> {op: the kernels_jax module of its stages, under FLA's function names}
-PALLAS_STAGES = {"pallas": {op: f"kernels_jax.{op}.stages" for op in STAGE_OPS}}
+# the implementation that runs kernels_jax's stage functions (each stage record's `kernels_jax`)
+PALLAS_STAGES = "pallas"
 
 
 # stages kernels_jax computes in XLA (jnp) inside its op's jit, not as Pallas kernels: their programs
@@ -39,13 +39,12 @@ def claims_mosaic(case: Case) -> bool:
 
 def pallas_location(implementation: str, case: Case) -> tuple[str, str]:
     """(module, function) of the kernels_jax function `implementation` runs for `case` (the op's
-    entry point, or its stage module's function of the stage's FLA name); Unsupported where it
-    has none."""
+    entry point, or the stage record's kernels_jax function); Unsupported where it has none."""
     if case.stage is not None:
-        module = PALLAS_STAGES.get(implementation, {}).get(case.op)
-        if module is None:
+        if implementation != PALLAS_STAGES:
             raise Unsupported(f"{implementation} has no stages of op {case.op!r}")
-        return module, stage_of(case.op, case.stage).function
+        module, _, function = stage_of(case.op, case.stage).kernels_jax.partition(":")
+        return module, function
     where = PALLAS_KERNELS[implementation].get(case.op)
     if where is None:
         raise Unsupported(f"{implementation} has no kernel for op {case.op!r}")

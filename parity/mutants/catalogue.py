@@ -8,7 +8,12 @@ kernel (`wrap`). Mutants run as candidates (`mutant:NAME` backends) next to the 
 as any kernel. A mutant is caught when any case of its op has a gate verdict other than pass
 (accuracy, bound, NaN/Inf, error); the score is caught / total, and the unmutated kernels must
 pass every case. The backend that runs a mutant is parity.execute.backends.mutant; the scored
-run is `parity mutants` (parity.cli.mutants).
+run is `parity mutants` (parity.mutation).
+
+The bugs of the seed documents (five pull requests of a JAX/Pallas linear-attention library tested
+against FLA: what this harness exists to catch) are named once here, as bug classes (`BugClass`,
+`BUG_CLASSES`; docs/mutants.md has them in one table), and a mutant that plants one says which
+(`Mutant.bug`).
 """
 
 from __future__ import annotations
@@ -31,12 +36,80 @@ class Patch:
 
 
 @dataclasses.dataclass(frozen=True)
+class BugClass:
+    """A bug of a seed document, named by what it is."""
+
+    name: str  # e.g. "masked-exp-overflow"
+    what: str  # the bug, in words
+    seed: str  # the seed document's number, "000" ... "004" (a mutant's "seed" in its records)
+    document: str  # the seed document's title
+    pull_request: str  # its pull request's number, "#131"; "" where its page shows none
+
+
+_FUSED_G_GAMMA = "feat(gla): fused forward+backward kernels for g_gamma mode"  # two bug classes' document
+
+MASKED_EXP_OVERFLOW = BugClass(
+    name="masked-exp-overflow",
+    what="the intra-chunk decay exp(g_i - g_j) taken before the causal mask: the masked upper triangle "
+    "overflows float32 once |g| * chunk > 88.7 (chunk 128, ALiBi g_gamma), and 0 * inf = NaN",
+    seed="000",
+    document="Fix/chunk nan overflow safe exp",
+    pull_request="#131",
+)
+SPLIT_DECAY_OVERFLOW = BugClass(
+    name="split-decay-overflow",
+    what="the backward's decay exp(g_i - g_j) split into two exponentials (exp(g_i) * exp(-g_j), or around "
+    "the chunk's midpoint), one of which overflows once |g| * chunk > 88.7",
+    seed="001",
+    document="fix: stabilize simple_gla backward Pallas kernels for chunk_size=128",
+    pull_request="#129",
+)
+WIDE_TILE_OVERWRITE = BugClass(
+    name="wide-tile-overwrite",
+    what="with K or V wider than one 128-wide tile, each tile overwrites the output instead of "
+    "accumulating into it (the tile's grid index dropped from the output's map)",
+    seed="002",
+    document=_FUSED_G_GAMMA,
+    pull_request="#122",
+)
+ZERO_GATE_GRADIENT = BugClass(
+    name="zero-gate-gradient",
+    what="a learnable g_gamma given an all-zero gradient",
+    seed="002",
+    document=_FUSED_G_GAMMA,
+    pull_request="#122",
+)
+INTERPRET_MODE_LEFT_ON = BugClass(
+    name="interpret-mode-left-on",
+    what="interpret mode left on in a kernel meant to compile: right numbers on a CPU, and no Mosaic kernel on a TPU",
+    seed="003",
+    document="KDA chunk-parallel forward/backward",
+    pull_request="",
+)
+PACKED_STATE_LEAK = BugClass(
+    name="packed-state-leak",
+    what="packed sequences (cu_seqlens): the state not reset at a sequence's start leaks into the next one",
+    seed="004",
+    document="Feat/varlen",
+    pull_request="#153",
+)
+BUG_CLASSES: tuple[BugClass, ...] = (
+    MASKED_EXP_OVERFLOW,
+    SPLIT_DECAY_OVERFLOW,
+    WIDE_TILE_OVERWRITE,
+    ZERO_GATE_GRADIENT,
+    INTERPRET_MODE_LEFT_ON,
+    PACKED_STATE_LEAK,
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class Mutant:
     name: str
     op: str  # the op whose kernel is mutated
     impl: str  # 'pallas' or 'pallas-fused'
     what: str  # the bug, in words
-    seed: str = ""  # the seed pull request it reproduces, if any
+    bug: BugClass | None = None  # the seed documents' bug class it plants, if any
     patches: tuple[Patch, ...] = ()  # the bug, as edits of kernels_jax's source (applied in order)
     wrap: Callable | None = None  # or: fn -> patched fn around the unmodified kernel
     witness: str = ""  # a small case that must catch it (tests/test_mutants.py)
@@ -45,6 +118,11 @@ class Mutant:
     # the first stage of its op (cases.stages) whose kernel holds the bug, as `parity localise` must name
     # it; "" where the bug is in no stage's kernel (a wrap around the op's call, the op's entry point)
     stage: str = ""
+
+    @property
+    def seed(self) -> str:
+        """The number of the seed document its bug class is from ("" if none): its records' "seed"."""
+        return self.bug.seed if self.bug else ""
 
 
 def _initial_state_ignored(fn):
@@ -100,7 +178,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "unmasked-exp-c128",
         "simple_gla",
         "pallas",
-        seed="000",
+        bug=MASKED_EXP_OVERFLOW,
         patches=(
             Patch(SIMPLE_GLA, _FORWARD_SCORES, _FORWARD_SCORES.replace("causal_decay", "_unmasked_decay")),
             _after_imports(_UNMASKED_DECAY),
@@ -114,7 +192,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "factorised-gate-bwd",
         "simple_gla",
         "pallas",
-        seed="001",
+        bug=SPLIT_DECAY_OVERFLOW,
         patches=(
             Patch(SIMPLE_GLA, "acc_kq[...] * causal_decay(", "acc_kq[...] * _factorised_decay("),
             Patch(SIMPLE_GLA, "acc_dov[...] * causal_decay(", "acc_dov[...] * _factorised_decay("),
@@ -129,7 +207,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "tile-overwrite-k256",
         "simple_gla",
         "pallas",
-        seed="002",
+        bug=WIDE_TILE_OVERWRITE,
         patches=(
             Patch(
                 SIMPLE_GLA,
@@ -145,7 +223,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "zero-dg-gamma",
         "simple_gla",
         "pallas-fused",
-        seed="002",
+        bug=ZERO_GATE_GRADIENT,
         wrap=_zero_dg_gamma,
         what="the fused path returns a zero gradient for g_gamma",
         witness="simple_gla-fwdbwd-B1-T64-H2-K64-V64-fp32-C64-gamma_alibi",
@@ -154,7 +232,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "varlen-state-leak",
         "simple_gla",
         "pallas",
-        seed="004",
+        bug=PACKED_STATE_LEAK,
         patches=(
             Patch(
                 SIMPLE_GLA,
@@ -273,7 +351,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "interpret-left-on",
         "simple_gla",
         "pallas",
-        seed="003",
+        bug=INTERPRET_MODE_LEFT_ON,
         patches=(
             Patch(
                 "kernels_jax.common.platform",

@@ -1,6 +1,6 @@
 """The order in which `parity mutants` tries a selection's cases on a mutant: its witness first
 when the selection holds it, then the cases most like the witness, so that the run can stop at
-the first case that catches it (parity.cli.mutants).
+the first case that catches it (parity.mutation).
 
 Likeness is a weighted sum over the case fields a mutant's trigger is made of, compared with its
 witness (`NEEDS`, `LIKENESS`): what the witness turns on, a case must have too to trigger the same

@@ -1,7 +1,8 @@
 """What the `parity_case` and `parity_check` fixtures do: the selected cases (select_cases), and
-one case run through a marker's backends (check_case) with every problem explained (explain)
-and FLA's own failures reported as findings (reference_findings). The harness is imported
-inside these functions: they run only when parity tests do."""
+one case run through a marker's backends (check_case) with every problem explained (explain; what
+the bound compares in words: describe_bound_quantity) and FLA's own failures reported as findings
+(reference_findings). The harness is imported inside these functions: they run only when parity
+tests do."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from parity.model import options  # standard library only (the option layer)
 from parity.model.spec import REFERENCE  # standard library only (the backend spec's parser)
+from parity.model.verdict import Verdict  # standard library only (the verdicts' vocabulary)
 
 
 @functools.cache
@@ -55,8 +57,8 @@ def explain(case, records: dict[str, dict], judged, allow_unbounded_reference: b
     allow_unbounded_reference (then reference_findings reports the refusal)."""
     # late: numpy and scipy, only when parity tests run
     from parity.judge.case import tolerance_rule
-    from parity.judge.environment import UNBOUNDED_REFERENCE, reference_refusal
-    from parity.measure.compare import describe_bound_quantity, describe_localisation, fmt
+    from parity.judge.environment import reference_refusal
+    from parity.judge.words import describe_localisation, fmt
     from parity.measure.compute_error import describe as describe_compute
 
     ref = records.get(REFERENCE)
@@ -83,7 +85,9 @@ def explain(case, records: dict[str, dict], judged, allow_unbounded_reference: b
             entry = judged.entry(name) if judged and rec["side"] == "candidate" else None
             bound_entry = entry["tensors"].get(tname) if entry else None
             verdict = (bound_entry or t)["verdict"] if bound_entry else t["verdict"]
-            if verdict in ("pass", "unsupported") or (verdict == UNBOUNDED_REFERENCE and allow_unbounded_reference):
+            if verdict in (Verdict.PASS, Verdict.UNSUPPORTED) or (
+                verdict == Verdict.UNBOUNDED_REFERENCE and allow_unbounded_reference
+            ):
                 continue
             rt = (ref or {}).get("tensors", {}).get(tname, {})
             w = (t.get("worst") or [{}])[0]
@@ -111,13 +115,38 @@ def explain(case, records: dict[str, dict], judged, allow_unbounded_reference: b
     return problems
 
 
+def describe_bound_quantity(b: dict, candidate: str, reference: str) -> str:
+    """What bound `b` (parity.judge.bound) compares, with its limit, in one line: the compute errors
+    (the error apart from the output's rounding, over the seeds judged) or, where the reference's is
+    at the rounding level, the epsilons pooled over those seeds; '' where no compute error was
+    judged. A limit printed this way is never under the very figure of the reference it is made from."""
+    # late: numpy and scipy, only when parity tests run
+    from parity.judge.words import fmt
+
+    j, rr = b.get("compute") or {}, b.get("rel_rms") or {}
+    if not j or rr.get("limit") is None:
+        return ""
+    seeds = f"over {j['seeds']} seed(s)"
+    if j["method"] == "ratio":
+        return (
+            f"bound on the compute error (the error apart from the output's rounding), {seeds}: "
+            f"c_{candidate} = {fmt(rr['candidate'])} vs limit {fmt(rr['limit'])} = factor {fmt(b.get('factor'))} "
+            f"x c_{reference} = {fmt(rr['reference'])}"
+        )
+    return (
+        f"bound on epsilons pooled {seeds} ({reference}'s compute error at the rounding level): "
+        f"eps_{candidate} = {fmt(rr['candidate'])} vs limit {fmt(rr['limit'])} = factor {fmt(b.get('factor'))} "
+        f"x eps_{reference} = {fmt(rr['reference'])} + the output's rounding floor"
+    )
+
+
 def reference_findings(case, records: dict[str, dict], allow_unbounded_reference: bool = False) -> list[str]:
     """The reference's own tensors outside tolerance or non-finite: reported, never a test
     failure (the gate then bounds nothing with a non-finite reference tensor); with
     allow_unbounded_reference, its environment's refusal too (explain's problem otherwise)."""
     # late: numpy and the registry, only when parity tests run
     from parity.judge.environment import reference_refusal
-    from parity.measure.compare import fmt
+    from parity.judge.words import fmt
 
     out = []
     for name, rec in records.items():
@@ -130,7 +159,7 @@ def reference_findings(case, records: dict[str, dict], allow_unbounded_reference
                 f"{refusal['issue']}: {refusal['cause']}; fix: {refusal['fix']} (--parity-allow-unbounded-reference)"
             )
         for tname, t in rec.get("tensors", {}).items():
-            if t.get("verdict") in ("fail-accuracy", "nan-inf"):
+            if t.get("verdict") in (Verdict.FAIL_ACCURACY, Verdict.NAN_INF):
                 w = (t.get("worst") or [{}])[0]
                 out.append(
                     f"{case.id}: reference {name} {tname} {t['verdict']} (rel_rms {fmt(t.get('rel_rms'))}, "

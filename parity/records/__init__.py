@@ -14,7 +14,7 @@ types in schema.py, rather than skipping it: what the gate did not see is never 
 Non-finite floats are written as null and their paths listed in "encoded_nonfinite"; a
 record that cannot be serialised at all is written as an error record saying why.
 
-    schema.py     SCHEMA_VERSION, the record types, VERDICT_ORDER, RecordError
+    schema.py     SCHEMA_VERSION, the record types, compile_verdict, RecordError
     checks.py     check_result, check_compile: a record's fields checked before it is trusted
     store.py      writing and reading records, their paths and repro commands, the newest one
     manifest.py   run manifests
@@ -24,9 +24,6 @@ Everything but the manifests is importable from here.
 from parity.records.checks import check_compile, check_result, field_error
 from parity.records.schema import (
     SCHEMA_VERSION,
-    UNBOUNDED_REFERENCE,
-    UNJUDGED,
-    VERDICT_ORDER,
     ByCase,
     CompileRecord,
     RecordError,
@@ -34,7 +31,6 @@ from parity.records.schema import (
     TensorMetrics,
     compile_verdict,
     tpu_kernel_problem,
-    worst_verdict,
 )
 from parity.records.store import (
     base_record,
@@ -54,9 +50,6 @@ from parity.records.store import (
 
 __all__ = [
     "SCHEMA_VERSION",
-    "UNBOUNDED_REFERENCE",
-    "UNJUDGED",
-    "VERDICT_ORDER",
     "ByCase",
     "CompileRecord",
     "RecordError",
@@ -78,7 +71,6 @@ __all__ = [
     "repro_command",
     "result_path",
     "tpu_kernel_problem",
-    "worst_verdict",
     "write_json",
     "write_record",
 ]

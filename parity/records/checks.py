@@ -8,8 +8,11 @@ from pathlib import Path
 
 from cases import Case, CaseError
 from parity.model.spec import SIDES, STATUSES
-from parity.records.schema import SCHEMA_VERSION, VERDICT_ORDER, RecordError, compile_verdict
+from parity.model.verdict import Verdict
+from parity.records.schema import SCHEMA_VERSION, RecordError, compile_verdict
 
+_VERDICTS = [str(v) for v in Verdict]  # as a record holds them, worst first
+_COMPILE_VERDICTS = (Verdict.PASS, Verdict.COMPILE_ERROR, Verdict.NUMERICS_MISMATCH)
 _NUMBER_KEYS = (
     "rel_rms",
     "max_abs",
@@ -51,8 +54,8 @@ def check_compile(rec: dict, path: Path | str = "record") -> None:
     for f in ("case_id", "backend", "created", "run_id", "repro"):
         if not isinstance(rec.get(f), str):
             field_error(path, f, rec.get(f), "a string")
-    if rec.get("verdict") not in ("pass", "compile-error", "numerics-mismatch"):
-        field_error(path, "verdict", rec.get("verdict"), "one of ['pass', 'compile-error', 'numerics-mismatch']")
+    if rec.get("verdict") not in _COMPILE_VERDICTS:
+        field_error(path, "verdict", rec.get("verdict"), f"one of {[str(v) for v in _COMPILE_VERDICTS]}")
     targets = rec.get("targets")
     if not isinstance(targets, dict) or not targets:
         field_error(path, "targets", targets, "an object of target -> compile result")
@@ -65,7 +68,7 @@ def check_compile(rec: dict, path: Path | str = "record") -> None:
             field_error(path, f"targets.{t}.vmem", r["vmem"], "an object with a summary string")
     implied = compile_verdict(targets)
     if rec["verdict"] != implied:
-        field_error(path, "verdict", rec["verdict"], f"{implied!r}, the verdict its targets imply")
+        field_error(path, "verdict", rec["verdict"], f"{str(implied)!r}, the verdict its targets imply")
 
 
 def check_result(rec: dict, path: Path | str = "record") -> None:
@@ -89,8 +92,8 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
         bad("side", rec.get("side"), f"one of {list(SIDES)}")
     if rec.get("status") not in STATUSES:
         bad("status", rec.get("status"), f"one of {list(STATUSES)}")
-    if rec.get("verdict") not in VERDICT_ORDER:
-        bad("verdict", rec.get("verdict"), f"one of {list(VERDICT_ORDER)}")
+    if rec.get("verdict") not in _VERDICTS:
+        bad("verdict", rec.get("verdict"), f"one of {_VERDICTS}")
     for f in ("kernel_time_s", "wall_time_s"):
         if rec.get(f) is not None and not _is_number(rec[f]):
             bad(f, rec[f], "a finite number or null")
@@ -110,8 +113,8 @@ def check_result(rec: dict, path: Path | str = "record") -> None:
     for name, t in tensors.items():
         if not isinstance(t, dict):
             bad(f"tensors.{name}", t, "an object of metrics")
-        if t.get("verdict") not in VERDICT_ORDER:
-            bad(f"tensors.{name}.verdict", t.get("verdict"), f"one of {list(VERDICT_ORDER)}")
+        if t.get("verdict") not in _VERDICTS:
+            bad(f"tensors.{name}.verdict", t.get("verdict"), f"one of {_VERDICTS}")
         for k in _NUMBER_KEYS:
             if t.get(k) is not None and not _is_number(t[k]):
                 bad(f"tensors.{name}.{k}", t[k], "a finite number or null")

@@ -1,9 +1,11 @@
 """The shape of the records under a run directory: the schema version, the typed fields of a
-result and a compile record, and the verdicts, worst first."""
+result and a compile record, and a compile record's verdict."""
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
+
+from parity.model.verdict import Verdict
 
 SCHEMA_VERSION = 2  # 2: per-seed figures (tensors.*.seeds, seeds, seed_policy)
 
@@ -13,7 +15,7 @@ class TensorMetrics(TypedDict, total=False):
     a tensor the backend does not return has only verdict "unsupported" and reason, a backward
     tensor of a forward-only candidate only verdict "not-judged" and reason."""
 
-    verdict: str  # one of VERDICT_ORDER
+    verdict: str  # a Verdict (parity.model.verdict)
     reason: str  # why unsupported, or not judged
     dtype: str
     shape: list[int]
@@ -61,7 +63,7 @@ class ResultRecord(TypedDict, total=False):
     created: str  # %Y-%m-%dT%H:%M:%S%z: of two records the later wins (load_latest)
     repro: str  # the `parity run` command that reruns this case and backend
     status: str  # ok, error, timeout, unsupported
-    verdict: str  # one of VERDICT_ORDER
+    verdict: str  # a Verdict (parity.model.verdict)
     platform: str  # where it really ran, e.g. 'cpu:tpu-interpret'
     implementation: str
     versions: dict[str, str]
@@ -101,37 +103,6 @@ class CompileRecord(TypedDict, total=False):
 ByCase = dict[str, dict[str, ResultRecord]]  # case_id -> backend -> record
 
 
-# worst first: the verdict of a case is the worst verdict of its tensors. The one vocabulary of
-# verdicts: `parity run`'s table, the gate's summary, the page and the pytest plugin print these
-# words (a backend's status, STATUSES of parity.model.spec, is one of them where it did not run)
-VERDICT_ORDER = (
-    "error",
-    "timeout",
-    "compile-error",
-    "numerics-mismatch",
-    "nan-inf",
-    "fail-accuracy",
-    "fail-bound",
-    "inconclusive",  # the bound undecided over the seeds allowed (parity.measure.compute_error)
-    "unbounded-reference",  # UNBOUNDED_REFERENCE: in tolerance, unbounded because of the reference's environment
-    "unsupported",
-    "not-judged",
-    "pass",
-)
-# the gate's verdict of a candidate's tensor within its tolerance that the reference could not bound because
-# of its environment: FLA refused to run there, or ran a kernel known to compute that tensor wrong there
-# (parity.judge.environment); a failure unless --allow-unbounded-reference
-UNBOUNDED_REFERENCE = "unbounded-reference"
-# tensor verdicts that are no judgement: a tensor the backend cannot produce ("unsupported"), or
-# one a forward-only candidate was not asked for on a forward-and-backward case ("not-judged")
-UNJUDGED = ("unsupported", "not-judged")
-
-
-def worst_verdict(verdicts) -> str:
-    verdicts = list(verdicts)
-    return min(verdicts, key=VERDICT_ORDER.index) if verdicts else "pass"
-
-
 def tpu_kernel_problem(rec: dict) -> str | None:
     """Why a candidate that is a Pallas TPU kernel (`pallas:` candidates, kernels_jax and its
     mutants: notes.pallas.required) did not run as one: its program had no pallas_call, or one
@@ -143,17 +114,17 @@ def tpu_kernel_problem(rec: dict) -> str | None:
     return None
 
 
-def compile_verdict(results: dict) -> str:
+def compile_verdict(results: dict) -> Verdict:
     """compile-error when any target failed; numerics-mismatch when the compiled module's
     matmuls disagree with the numerics model (or could not be read); pass otherwise."""
     if any(not r["ok"] for r in results.values()):
-        return "compile-error"
+        return Verdict.COMPILE_ERROR
     if any(
         r.get("numerics", {}).get("mismatches") or "error" in r.get("numerics", {"error": "missing"})
         for r in results.values()
     ):
-        return "numerics-mismatch"
-    return "pass"
+        return Verdict.NUMERICS_MISMATCH
+    return Verdict.PASS
 
 
 class RecordError(ValueError):

@@ -99,6 +99,11 @@ def local_cumsum(case, g) -> np.ndarray:
     return out.reshape(np.shape(g))
 
 
+def oracle_local_cumsum(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_local_cumsum's outputs on its float64 inputs `x` (every op's local_cumsum stage)."""
+    return {"g_cumsum": local_cumsum(case, x["g"])}
+
+
 def cast_stage_inputs(case, f64: dict[str, np.ndarray], own: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The stage inputs as passed (plus cu_seqlens int64 [N + 1] for varlen): each name of `own`
     (stage input name -> the op's tensor passed as it is) as the op's own bytes, every other

@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from cases.inputs import STORAGE_DTYPES as NP_DTYPES
-from cases.stages import RCP_LN2, STAGE_ORDER, stage_input_names
+from cases.stages import RCP_LN2, stage_input_names
 from references.stages.common import (
     as_states,
     cast_stage_inputs,
@@ -49,7 +49,7 @@ from references.stages.common import (
     value_heads,
 )
 
-__all__ = ["NP_DTYPES", "RCP_LN2", "chunks", "local_cumsum", "stage_inputs", "stage_oracle"]
+__all__ = ["NP_DTYPES", "RCP_LN2", "chunks", "local_cumsum", "stage_inputs"]
 
 # ---------------------------------------------------------------- layout
 
@@ -227,33 +227,42 @@ def bwd_wy(case, k, v, beta, A, dw, du, g) -> tuple[np.ndarray, np.ndarray, np.n
 # ---------------------------------------------------------------- the stage case
 
 
-def stage_oracle(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 outputs (case.output_names()) of the stage case's function on its own inputs
-    (stage_inputs' names, any float dtype: upcast to float64)."""
-    x = float64_tensors(inputs)
-    st = case.stage
-    if st == "local_cumsum":
-        out = {"g_cumsum": local_cumsum(case, x["g"])}
-    elif st == "fwd_intra":
-        out = dict(zip(("w", "u", "A"), fwd_intra(case, x["k"], x["v"], x["g"], x["beta"])))
-    elif st == "fwd_h":
-        out = dict(zip(("h", "v_new", "ht"), fwd_h(case, x["k"], x["w"], x["u"], x["g"], x.get("initial_state"))))
-    elif st == "fwd_o":
-        out = {"o": fwd_o(case, x["q"], x["k"], x["v"], x["h"], x["g"])}
-    elif st == "bwd_dv_local":
-        out = {"dv": bwd_dv_local(case, x["q"], x["k"], x["do"], x["g"])}
-    elif st == "bwd_dhu":
-        got = bwd_dhu(case, x["q"], x["k"], x["w"], x["do"], x["dv"], x["g"], x.get("dht"))
-        out = dict(zip(("dh", "dh0", "dv2"), got))
-    elif st == "bwd_dqkwg":
-        got = bwd_dqkwg(case, x["q"], x["k"], x["v"], x["do"], x["h"], x["dh"], x["w"], x["g"], x["dv"])
-        out = dict(zip(("dq", "dk", "dw", "dg"), got))
-    elif st == "bwd_wy":
-        got = bwd_wy(case, x["k"], x["v"], x["beta"], x["A"], x["dw"], x["du"], x["g"])
-        out = dict(zip(("dk2", "dv", "db", "dg2"), got))
-    else:
-        raise ValueError(f"gdn has no stage {st!r}: its stages are {list(STAGE_ORDER['gdn'])}")
-    return {n: out[n] for n in case.output_names()}
+def oracle_fwd_intra(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gated_delta_rule_fwd_intra's outputs on its float64 inputs `x` (cases/stages/gdn.py)."""
+    return dict(zip(("w", "u", "A"), fwd_intra(case, x["k"], x["v"], x["g"], x["beta"])))
+
+
+def oracle_fwd_h(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gated_delta_rule_fwd_h's outputs on its float64 inputs `x`."""
+    return dict(zip(("h", "v_new", "ht"), fwd_h(case, x["k"], x["w"], x["u"], x["g"], x.get("initial_state"))))
+
+
+def oracle_fwd_o(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_fwd_o's outputs on its float64 inputs `x`."""
+    return {"o": fwd_o(case, x["q"], x["k"], x["v"], x["h"], x["g"])}
+
+
+def oracle_bwd_dv_local(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_bwd_dv_local's outputs on its float64 inputs `x`."""
+    return {"dv": bwd_dv_local(case, x["q"], x["k"], x["do"], x["g"])}
+
+
+def oracle_bwd_dhu(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gated_delta_rule_bwd_dhu's outputs on its float64 inputs `x`."""
+    got = bwd_dhu(case, x["q"], x["k"], x["w"], x["do"], x["dv"], x["g"], x.get("dht"))
+    return dict(zip(("dh", "dh0", "dv2"), got))
+
+
+def oracle_bwd_dqkwg(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_bwd_dqkwg's outputs on its float64 inputs `x`."""
+    got = bwd_dqkwg(case, x["q"], x["k"], x["v"], x["do"], x["h"], x["dh"], x["w"], x["g"], x["dv"])
+    return dict(zip(("dq", "dk", "dw", "dg"), got))
+
+
+def oracle_bwd_wy(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """prepare_wy_repr_bwd's outputs on its float64 inputs `x`."""
+    got = bwd_wy(case, x["k"], x["v"], x["beta"], x["A"], x["dw"], x["du"], x["g"])
+    return dict(zip(("dk2", "dv", "db", "dg2"), got))
 
 
 def intermediates(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cases.stages import RCP_LN2, STAGE_ORDER, stage_input_names
+from cases.stages import RCP_LN2, stage_input_names
 from references.stages.common import (
     as_states,
     cast_stage_inputs,
@@ -42,7 +42,7 @@ from references.stages.common import (
     tokens,
 )
 
-__all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs", "stage_oracle"]
+__all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs"]
 
 _OP_INPUTS = ("q", "k", "v", "do")  # passed as the op's own bytes
 
@@ -187,37 +187,48 @@ def bwd_dqkg(case, q, k, v, h, g, do, dh, dq, dk) -> tuple[np.ndarray, np.ndarra
 # ---------------------------------------------------------------- the stage case
 
 
-def stage_oracle(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 outputs (case.output_names()) of the stage case's function on its own inputs
-    (stage_inputs' names, any float dtype: upcast to float64)."""
-    x = float64_tensors(inputs)
-    st = case.stage
-    if st == "local_cumsum":
-        out = {"g_cumsum": local_cumsum(case, x["g"])}
-    elif st == "fwd_h":
-        h, ht = fwd_h(case, x["k"], x["v"], x["gk"], x.get("h0"))
-        out = {"h": h, "ht": ht}
-    elif st == "fwd_intra":
-        out = {"A": fwd_intra(case, x["q"], x["k"], x["g"])}
-    elif st == "fwd_o":
-        out = {"o": fwd_o(case, x["q"], x["v"], x["g"], x["A"], x["h"])}
-    elif st == "bwd_dh":
-        dh, dh0 = bwd_dh(case, x["q"], x["do"], x["gk"], x.get("dht"))
-        out = {"dh": dh, "dh0": dh0}
-    elif st == "bwd_dv":
-        out = {"dv": bwd_dv(case, x["k"], x["g"], x["A"], x["do"], x["dh"])}
-    elif st == "bwd_dA":
-        out = {"dA": bwd_dA(case, x["v"], x["do"])}
-    elif st == "bwd_dqk_intra":
-        dq, dk = bwd_dqk_intra(case, x["q"], x["k"], x["g"], x["dA"])
-        out = {"dq": dq, "dk": dk}
-    elif st == "bwd_dqkg":
-        names = ("q", "k", "v", "h", "g", "do", "dh", "dq", "dk")
-        dq, dk, dg = bwd_dqkg(case, *(x[n] for n in names))
-        out = {"dq": dq, "dk": dk, "dg": dg}
-    else:
-        raise ValueError(f"gla has no stage {st!r}: its stages are {list(STAGE_ORDER['gla'])}")
-    return {n: out[n] for n in case.output_names()}
+def oracle_fwd_h(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_fwd_h's outputs on its float64 inputs `x` (cases/stages/gla.py)."""
+    h, ht = fwd_h(case, x["k"], x["v"], x["gk"], x.get("h0"))
+    return {"h": h, "ht": ht}
+
+
+def oracle_fwd_intra(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_fwd_intra_gk's outputs on its float64 inputs `x`."""
+    return {"A": fwd_intra(case, x["q"], x["k"], x["g"])}
+
+
+def oracle_fwd_o(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_fwd_o_gk's outputs on its float64 inputs `x`."""
+    return {"o": fwd_o(case, x["q"], x["v"], x["g"], x["A"], x["h"])}
+
+
+def oracle_bwd_dh(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_bwd_dh's outputs on its float64 inputs `x`."""
+    dh, dh0 = bwd_dh(case, x["q"], x["do"], x["gk"], x.get("dht"))
+    return {"dh": dh, "dh0": dh0}
+
+
+def oracle_bwd_dv(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_bwd_dv's outputs on its float64 inputs `x`."""
+    return {"dv": bwd_dv(case, x["k"], x["g"], x["A"], x["do"], x["dh"])}
+
+
+def oracle_bwd_dA(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_bwd_dA's outputs on its float64 inputs `x`."""
+    return {"dA": bwd_dA(case, x["v"], x["do"])}
+
+
+def oracle_bwd_dqk_intra(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_bwd_dqk_intra's outputs on its float64 inputs `x`."""
+    dq, dk = bwd_dqk_intra(case, x["q"], x["k"], x["g"], x["dA"])
+    return {"dq": dq, "dk": dk}
+
+
+def oracle_bwd_dqkg(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_bwd_dqkg's outputs on its float64 inputs `x`."""
+    dq, dk, dg = bwd_dqkg(case, x["q"], x["k"], x["v"], x["h"], x["g"], x["do"], x["dh"], x["dq"], x["dk"])
+    return {"dq": dq, "dk": dk, "dg": dg}
 
 
 def stage_inputs_f64(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

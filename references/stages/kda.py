@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cases.stages import RCP_LN2, STAGE_ORDER, stage_input_names, stage_of
+from cases.stages import RCP_LN2, stage_input_names
 from references.stages.common import (
     as_states,
     cast_stage_inputs,
@@ -51,7 +51,7 @@ from references.stages.common import (
     value_heads,
 )
 
-__all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs", "stage_oracle"]
+__all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs"]
 
 # ---------------------------------------------------------------- layout
 
@@ -267,34 +267,44 @@ def bwd_intra(case, q, k, g, beta, dAqk, dAkk, dq, dk, db, dg) -> dict[str, np.n
 # ---------------------------------------------------------------- the stage case
 
 
-def stage_oracle(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 outputs (case.output_names()) of the stage case's function on its own inputs
-    (stage_inputs' names, any float dtype: upcast to float64)."""
-    x = float64_tensors(inputs)
-    st = case.stage
-    if st == "local_cumsum":
-        out = {"g_cumsum": local_cumsum(case, x["g"])}
-    elif st == "fwd_intra":
-        out = fwd_intra(case, x["q"], x["k"], x["v"], x["gk"], x["beta"])
-    elif st == "fwd_h":
-        h, v_new, ht = fwd_h(case, x["k"], x["w"], x["u"], x["gk"], x.get("initial_state"))
-        out = {"h": h, "v_new": v_new, "ht": ht}
-    elif st == "fwd_o":
-        out = {"o": fwd_o(case, x["q"], x["v"], x["g"], x["A"], x["h"])}
-    elif st == "bwd_dAv":
-        dA, dv = bwd_dAv(case, x["v"], x["do"], x["A"])
-        out = {"dAqk": dA, "dv": dv}
-    elif st == "bwd_dhu":
-        dh, dh0, dv = bwd_dhu(case, x["q"], x["k"], x["w"], x["gk"], x["do"], x["dv"], x.get("dht"))
-        out = {"dh": dh, "dh0": dh0, "dv": dv}
-    elif st == "bwd_wy":
-        names = ("q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv")
-        out = bwd_wy(case, *(x[n] for n in names))
-    elif st == "bwd_intra":
-        out = bwd_intra(case, *(x[n] for n in stage_of("kda", "bwd_intra").inputs))
-    else:
-        raise ValueError(f"kda has no stage {case.stage!r}: its stages are {list(STAGE_ORDER['kda'])}")
-    return {n: out[n] for n in case.output_names()}
+def oracle_fwd_intra(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_kda_fwd_intra's outputs on its float64 inputs `x` (cases/stages/kda.py)."""
+    return fwd_intra(case, x["q"], x["k"], x["v"], x["gk"], x["beta"])
+
+
+def oracle_fwd_h(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gated_delta_rule_fwd_h's outputs on its float64 inputs `x`."""
+    h, v_new, ht = fwd_h(case, x["k"], x["w"], x["u"], x["gk"], x.get("initial_state"))
+    return {"h": h, "v_new": v_new, "ht": ht}
+
+
+def oracle_fwd_o(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gla_fwd_o_gk's outputs on its float64 inputs `x`."""
+    return {"o": fwd_o(case, x["q"], x["v"], x["g"], x["A"], x["h"])}
+
+
+def oracle_bwd_dAv(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_kda_bwd_dAv's outputs on its float64 inputs `x`."""
+    dA, dv = bwd_dAv(case, x["v"], x["do"], x["A"])
+    return {"dAqk": dA, "dv": dv}
+
+
+def oracle_bwd_dhu(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_gated_delta_rule_bwd_dhu's outputs on its float64 inputs `x`."""
+    dh, dh0, dv = bwd_dhu(case, x["q"], x["k"], x["w"], x["gk"], x["do"], x["dv"], x.get("dht"))
+    return {"dh": dh, "dh0": dh0, "dv": dv}
+
+
+def oracle_bwd_wy(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_kda_bwd_wy_dqkg_fused's outputs on its float64 inputs `x`."""
+    names = ("q", "k", "v", "v_new", "g", "beta", "A", "h", "do", "dh", "dv")
+    return bwd_wy(case, *(x[n] for n in names))
+
+
+def oracle_bwd_intra(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_kda_bwd_intra's outputs on its float64 inputs `x`."""
+    names = ("q", "k", "g", "beta", "dAqk", "dAkk", "dq", "dk", "db", "dg")
+    return bwd_intra(case, *(x[n] for n in names))
 
 
 def chain(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cases.stages import RCP_LN2, STAGE_ORDER, stage_input_names
+from cases.stages import RCP_LN2, stage_input_names
 from references.stages.common import (
     as_states,
     cast_stage_inputs,
@@ -46,7 +46,7 @@ from references.stages.common import (
     tokens,
 )
 
-__all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs", "stage_oracle"]
+__all__ = ["RCP_LN2", "chunks", "local_cumsum", "stage_inputs"]
 
 # ---------------------------------------------------------------- layout
 
@@ -155,29 +155,32 @@ def bwd_dqkwg(case, q, k, v, do, h, dh, gate) -> tuple[np.ndarray, np.ndarray, n
 # ---------------------------------------------------------------- the stage case
 
 
-def stage_oracle(case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """float64 outputs (case.output_names()) of the stage case's function on its own inputs
-    (stage_inputs' names, any float dtype: upcast to float64)."""
-    x = float64_tensors(inputs)
-    gate = x.get(case.gate_name)
-    if case.stage == "local_cumsum":
-        out = {"g_cumsum": local_cumsum(case, x["g"])}
-    elif case.stage == "fwd_h":
-        h, ht = fwd_h(case, x["k"], x["v"], gate, x.get("h0"))
-        out = {"h": h, "ht": ht}
-    elif case.stage == "fwd_o":
-        out = {"o": fwd_o(case, x["q"], x["k"], x["v"], x["h"], gate)}
-    elif case.stage == "bwd_dh":
-        dh, dh0 = bwd_dh(case, x["q"], x["do"], gate, x.get("dht"))
-        out = {"dh": dh, "dh0": dh0}
-    elif case.stage == "bwd_dv":
-        out = {"dv": bwd_dv(case, x["q"], x["k"], x["do"], x["dh"], gate)}
-    elif case.stage == "bwd_dqkwg":
-        dq, dk, dg = bwd_dqkwg(case, x["q"], x["k"], x["v"], x["do"], x["h"], x["dh"], gate)
-        out = {"dq": dq, "dk": dk, "dg": dg}
-    else:
-        raise ValueError(f"simple_gla has no stage {case.stage!r}: its stages are {list(STAGE_ORDER['simple_gla'])}")
-    return {n: out[n] for n in case.output_names()}
+def oracle_fwd_h(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_fwd_h's outputs on its float64 inputs `x` (cases/stages/simple_gla.py)."""
+    h, ht = fwd_h(case, x["k"], x["v"], x.get(case.gate_name), x.get("h0"))
+    return {"h": h, "ht": ht}
+
+
+def oracle_fwd_o(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_fwd_o's outputs on its float64 inputs `x`."""
+    return {"o": fwd_o(case, x["q"], x["k"], x["v"], x["h"], x.get(case.gate_name))}
+
+
+def oracle_bwd_dh(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_bwd_dh's outputs on its float64 inputs `x`."""
+    dh, dh0 = bwd_dh(case, x["q"], x["do"], x.get(case.gate_name), x.get("dht"))
+    return {"dh": dh, "dh0": dh0}
+
+
+def oracle_bwd_dv(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_bwd_dv's outputs on its float64 inputs `x`."""
+    return {"dv": bwd_dv(case, x["q"], x["k"], x["do"], x["dh"], x.get(case.gate_name))}
+
+
+def oracle_bwd_dqkwg(case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """chunk_bwd_dqkwg's outputs on its float64 inputs `x` (dg None for g_gamma)."""
+    dq, dk, dg = bwd_dqkwg(case, x["q"], x["k"], x["v"], x["do"], x["h"], x["dh"], x.get(case.gate_name))
+    return {"dq": dq, "dk": dk, "dg": dg}
 
 
 def stage_inputs_f64(case, op_inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
