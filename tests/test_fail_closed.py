@@ -446,11 +446,13 @@ def test_5_a_module_that_hangs_or_exits_at_import_in_the_parent_is_refused(tmp_p
     refused(rc, err, *words)
 
 
-def _children(pid: int) -> list[int]:
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid: its workers are children of the fork server it started."""
     try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+    return children + [d for c in children for d in _descendants(c)]
 
 
 def _alive(pid: int) -> bool:
@@ -496,7 +498,7 @@ def test_5_a_killed_parent_takes_its_workers_and_leaves_a_summary(tmp_path, plan
     while not result_path(out, "oracle", TINY.id).exists() and time.time() < deadline and p.poll() is None:
         time.sleep(0.1)
     time.sleep(0.5)  # the worker is inside the hanging candidate now
-    workers = _children(p.pid)
+    workers = _descendants(p.pid)
     assert workers and p.poll() is None
     p.send_signal(sig)
     stdout, stderr = p.communicate(timeout=30)

@@ -210,7 +210,6 @@ def test_a_worker_near_the_memory_map_limit_exits_after_its_case_and_is_replaced
     """A worker past RETIRE_AT_MAPS of vm.max_map_count (every XLA compile leaves mappings; at the
     limit LLVM aborts the process: seen in parity fuzz after 136 cases) says so with its case's
     result and exits; parity run starts a fresh worker for the next case, no record is lost."""
-    import multiprocessing as mp
     from multiprocessing.connection import wait
 
     from parity.execute.pool import Worker
@@ -229,12 +228,11 @@ def test_a_worker_near_the_memory_map_limit_exits_after_its_case_and_is_replaced
         assert events[1].retire == w.retired
         return w
 
-    ctx = mp.get_context("spawn")
-    stays = one_case(Worker(ctx, tmp_path / "a", "t", ()))
+    stays = one_case(Worker(tmp_path / "a", "t", ()))
     assert not stays.retired and stays.proc.is_alive()
     stays.kill()
-    monkeypatch.setenv("PARITY_WORKER_RETIRE_AT_MAPS", "0")  # read by the spawned worker: retire after every case
-    leaves = one_case(Worker(ctx, tmp_path / "b", "t", ()))
+    monkeypatch.setenv("PARITY_WORKER_RETIRE_AT_MAPS", "0")  # read by the worker: retire after every case
+    leaves = one_case(Worker(tmp_path / "b", "t", ()))
     assert leaves.retired and not leaves.proc.is_alive() and leaves.proc.exitcode == 0
     cases = [SMALL, SMALL.replace(seed=1), SMALL.replace(seed=2)]
     summary = run(cases, ["oracle", CANDIDATES["scan"]], tmp_path / "run", jobs=1, timeout_s=120)

@@ -1,13 +1,12 @@
 """`parity compile`: compile jax candidates (pallas, pallas-fused, mutants, --candidate) for TPU
-targets with the real TPU compiler on this host (parity.execute.tpu_compile), in spawned worker
-processes; write one compile record per case and candidate, print the table and the summary.
-Nothing executes."""
+targets with the real TPU compiler on this host (parity.execute.tpu_compile), in worker processes
+(parity.execute.proc); write one compile record per case and candidate, print the table and the
+summary. Nothing executes."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
-import multiprocessing as mp
 import sys
 import uuid
 from pathlib import Path
@@ -16,6 +15,7 @@ from cases import Case
 from parity.cli import args as check
 from parity.cli.common import UsageError, prepare_out, select_cases, selection_options, tpu_targets
 from parity.execute.backends import Unsupported, backend_name, check_specs, make_backend
+from parity.execute.proc import take_environment, taken_at_start, worker_context
 from parity.execute.tpu_compile import compile_for_targets
 from parity.judge.gate import compile_problems, compile_summary, format_compile_summary
 from parity.model.targets import TARGETS
@@ -102,7 +102,7 @@ def _backend(spec: str):
 def compile_suite(
     cases: list[Case], specs: list[str], targets: tuple[str, ...], out_dir: Path, jobs: int = 1
 ) -> list[dict]:
-    """Compile every (case, candidate) for the targets in `jobs` spawned processes; the compile
+    """Compile every (case, candidate) for the targets in `jobs` worker processes; the compile
     records (also written under out_dir), in case order. Nothing executes."""
     run_id = "compile-" + uuid.uuid4().hex[:10]
     # what is meant to be compiled, written before anything compiles (the gate refuses what is missing)
@@ -128,7 +128,8 @@ def compile_suite(
     if jobs <= 1:
         done = [_compile_task(*t) for t in tasks]
     else:
-        with cf.ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+        start = {"mp_context": worker_context(), "initializer": take_environment, "initargs": (taken_at_start(),)}
+        with cf.ProcessPoolExecutor(jobs, **start) as pool:
             done = list(pool.map(_compile_task, *zip(*tasks)))
     return [r for r in done if r is not None]
 

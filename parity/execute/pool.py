@@ -19,6 +19,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from cases import Case
+from parity.execute import proc
 from parity.execute.case import summary_line
 from parity.execute.worker import BackendStarted, CaseEnded, Done, HarnessError, InputsMade, Reload, worker_main
 from parity.model.spec import as_spec
@@ -48,8 +49,8 @@ class Worker:
     view of the case it is on: the backends left (todo), the one running (current) and since when
     (started). `main` is the function the process runs (tests give a scripted one)."""
 
-    def __init__(self, ctx, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...] = (), seeds=(1, 1), main=None):
-        self.ctx, self.out_dir, self.run_id = ctx, Path(out_dir), run_id
+    def __init__(self, out_dir: Path, run_id: str, tpu_targets: tuple[str, ...] = (), seeds=(1, 1), main=None):
+        self.out_dir, self.run_id = Path(out_dir), run_id
         self.args = (str(out_dir), run_id, tuple(tpu_targets), tuple(seeds))
         self.main = main or worker_main
         self.conn = self.proc = None
@@ -62,9 +63,8 @@ class Worker:
         self.tag = None  # what the pool's consumer gave with the case (WorkerPool.give)
 
     def start(self) -> None:
-        self.conn, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=self.main, daemon=True, args=(child, *self.args))
-        self.proc.start()
+        self.conn, child = mp.Pipe()
+        self.proc = proc.start(self.main, (child, *self.args))
         child.close()
 
     def give(self, case: Case, todo: list) -> None:
@@ -169,18 +169,16 @@ def _failure_line(
 
 
 class WorkerPool:
-    """`size` worker processes (spawned) running cases with a per-backend timeout. `give` hands a
-    case to an idle worker, the last one to become idle first (starting its process when it has
-    none yet); `events` reads what the busy ones report. A worker that failed or retired is
-    replaced by a fresh one, started when it is next given a case. `pids`: every process started."""
+    """`size` worker processes (parity.execute.proc.start) running cases with a per-backend timeout.
+    `give` hands a case to an idle worker, the last one to become idle first (starting its process
+    when it has none yet); `events` reads what the busy ones report. A worker that failed or retired
+    is replaced by a fresh one, started when it is next given a case. `pids`: every process started."""
 
     def __init__(
         self, size: int, out_dir: Path, run_id: str, timeout_s: float, tpu_targets=(), seeds=(1, 1), main=None
     ):
         self.timeout_s = timeout_s
-        self.new_worker = functools.partial(
-            Worker, mp.get_context("spawn"), Path(out_dir), run_id, tuple(tpu_targets), tuple(seeds), main
-        )
+        self.new_worker = functools.partial(Worker, Path(out_dir), run_id, tuple(tpu_targets), tuple(seeds), main)
         self.busy: list[Worker] = []
         self.pids: set[int] = set()
         self.workers = [self.new_worker() for _ in range(size)]

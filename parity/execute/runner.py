@@ -5,10 +5,10 @@ the backends to run on it), `run_cases` (plan the units, drain them through a po
 write the summary and manifests) and its `Progress` line. By default every case goes through every backend in one
 unit; a Schedule may hold work back and add more as units finish (`parity mutants` stops a
 mutant at the first case that catches it), and the manifest then lists the (case, backend)
-pairs it planned. Units run in worker processes (parity.execute.pool's WorkerPool; spawned,
-`jobs` of them), so that a candidate that hangs is killed after `timeout` seconds and recorded as a
-timeout, and a crash of any kind becomes that case's error record; the run goes on and
-finished results are kept.
+pairs it planned. Units run in worker processes (parity.execute.pool's WorkerPool; `jobs` of
+them, each forked from a server that imported their libraries: parity.execute.proc), so that a
+candidate that hangs is killed after `timeout` seconds and recorded as a timeout, and a crash of
+any kind becomes that case's error record; the run goes on and finished results are kept.
 Within a case (parity.execute.case) the oracle runs first (cached on disk), then every
 other backend; each backend's outputs are compared against the oracle in the worker and
 only the JSON record travels back.

@@ -58,7 +58,6 @@ is not meaningful for Mosaic custom calls.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import functools
@@ -69,6 +68,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 from cases import Case
@@ -112,7 +112,8 @@ def _dump_dir() -> Path:
     if m:
         return Path(m.group(1))
     d = Path(tempfile.mkdtemp(prefix="parity-mosaic-"))
-    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    # at exit, in a worker forked from the fork server too (it ends with os._exit: no atexit there)
+    mp_util.Finalize(None, shutil.rmtree, (d,), {"ignore_errors": True}, exitpriority=0)
     os.environ["LIBTPU_INIT_ARGS"] = f"{args} {DUMP_FLAG}={d}".strip()
     return d
 

@@ -36,7 +36,7 @@ caches of an answer it got inside (its business), questions asked from threads i
 `jax.extend.backend.get_backend()`, which returns jax's CPU client.
 
 Which target interpret mode emulates: `--tpu-interpret-as`, else the first of the run's
-`--tpu-targets`, else the first default target (v5e); the command line hands it to its spawned
+`--tpu-targets`, else the first default target (v5e); the command line hands it to its
 workers through the environment (ENV, SOURCE_ENV: `exported`).
 """
 
@@ -78,7 +78,7 @@ def choose(interpret_as: str | None, targets, prefix: str = "--"):
 
 
 def exported(choice: tuple[str, str] | None):
-    """The run's choice in the environment (spawned workers inherit it), restored on leaving."""
+    """The run's choice in the environment (its workers start with it), restored on leaving."""
     return environ.exported({} if choice is None else dict(zip((ENV, SOURCE_ENV), choice)))
 
 

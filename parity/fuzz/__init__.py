@@ -52,7 +52,7 @@ import sys
 import time
 from pathlib import Path
 
-from parity.execute.proc import die_with_parent
+from parity.execute.proc import die_with_parent, start
 from parity.fuzz.config import (
     DEFAULT_MAX_ELEMENTS,
     DEFAULT_VARIANT_SHARE,
@@ -84,12 +84,10 @@ def run_searches(cfg: FuzzConfig, op: str) -> list[dict]:
     when jobs > 1."""
     if cfg.jobs == 1:
         return [Search(cfg, op, 0).run()]
-    ctx = mp.get_context("spawn")
     procs = []
     for i in range(cfg.jobs):
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=_search_in_child, args=(cfg, op, i, child))
-        p.start()
+        parent, child = mp.Pipe()
+        p = start(_search_in_child, (cfg, op, i, child), daemon=False)
         child.close()
         procs.append((p, parent))
     results = []
