@@ -7,12 +7,13 @@ and print the profile.
                                              # the same tables with an earlier run's figures beside
 
 Prints four tables:
-  phases      wall time of each step of scripts/test.sh (set-up, ruff, lint-imports, the two
-              pytest passes), from reports/timing/phases.txt;
-  modules     per pytest pass and test module: tests, summed test seconds (over both workers,
-              so a pass's wall time is about half its sum), share of the pass;
+  phases      wall time of each step of scripts/test.sh (set-up, ruff, lint-imports, the pytest
+              session, the page), from reports/timing/phases.txt;
+  modules     per JUnit file (the session's tests.xml; an older run's unit.xml and interpret.xml)
+              and test module: tests, summed test seconds (over both workers, so the session's
+              wall time is about half its sum), share of the file;
   slowest     the slowest single tests;
-  backends    for the interpret pass's parity records: per backend and op, cases and summed
+  backends    for the interpret parity tests' records: per backend and op, cases and summed
               wall seconds (a jax candidate's first call includes its XLA compile; FLA's is the
               Triton interpreter; the oracle's is mostly its on-disk cache when warm), and the
               TPU compile check's seconds per target.
@@ -109,7 +110,7 @@ def main() -> int:
         old = {m: secs for m, (_, secs) in earlier.get(p, {}).items()} if a.before else None
         if old is not None:
             old["(all)"] = sum(old.values())
-        print(f"\n## {p} pass: test modules (test seconds, summed over workers: {total:.0f}{_before(old, '(all)')})")
+        print(f"\n## {p}.xml: test modules (test seconds, summed over workers: {total:.0f}{_before(old, '(all)')})")
         for module, (n, secs) in sorted(per.items(), key=lambda kv: -kv[1][1]):
             print(f"  {module:40s} {n:5d} tests {secs:8.1f} s {100 * secs / total:5.1f}%{_before(old, module)}")
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The tests: lint and format checks (ruff), the layer contracts over the real import graph
-# (import-linter; both configured in pyproject.toml), unit tests of every part (the real TPU
-# compiler included: every suite's kernels compiled for TPU targets, the full suite on v5e,
-# v6e and TPU7x), then the registry-driven parity tests of the ci and stages suites through the CPU
-# interpreters (-m interpret) under the TPU numerics model, each case's kernels compiled for
-# v5e, with the gate at session end. Any failing step fails the run. At the end it prints the
+# (import-linter; both configured in pyproject.toml), then one pytest session: unit tests of every
+# part (the real TPU compiler included: every suite's kernels compiled for TPU targets, the full
+# suite on v5e, v6e and TPU7x) and the registry-driven parity tests of the ci and stages suites
+# through the CPU interpreters (-m interpret) under the TPU numerics model, each case's kernels
+# compiled for v5e, with the gate at session end. Any failing step fails the run. At the end it prints the
 # wall time of each phase; the per-test timings (JUnit XML) stay in $PARITY_TIMING
 # (default reports/timing) for `python benchmarks/profile_ci.py`. jax's compilation cache lives for
 # the run only (a temporary directory, unless JAX_COMPILATION_CACHE_DIR is set).
@@ -35,11 +35,12 @@ phase() {  # phase NAME CMD...: run CMD, note its wall time and exit status
 phase "ruff check" ruff check .
 phase "ruff format" ruff format --check .
 phase "lint-imports" lint-imports
-phase "unit tests" python -m pytest -n 2 --dist worksteal -m "not interpret and not slow" \
-  --junitxml="$TIMING/unit.xml" tests "$@"
-phase "interpret parity" python -m pytest -n 2 --dist worksteal -m interpret --parity-suite ci,stages \
-  --parity-tpu-targets v5e --junitxml="$TIMING/interpret.xml" tests "$@"
-# the page over every ci and stages case the built-in kernels just gave (records of the pass above)
+# one pytest session, two workers sharing out every test: the unit tests and the parity tests of the
+# ci and stages suites (-m interpret); the gpu and tpu parity tests are left out (no GPU, no TPU here)
+phase "tests (unit and interpret parity)" python -m pytest -n 2 --dist worksteal \
+  -m "interpret or not (gpu or tpu or slow)" --parity-suite ci,stages --parity-tpu-targets v5e \
+  --junitxml="$TIMING/tests.xml" tests "$@"
+# the page over every ci and stages case the built-in kernels just gave (records of the session above)
 phase "page over the interpret records" parity report reports/pytest -o reports/pytest/index.html
 phases+=("total$T$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.0f", b-a}')")
 printf '%s\n' "${phases[@]}" >"$TIMING/phases.txt"

@@ -107,6 +107,7 @@ def test_a_candidate_in_interpret_mode_reads_the_emulated_tpu_and_its_record_say
 
 def test_parity_run_tpu_interpret_as_is_recorded_and_not_left_in_the_environment(tmp_path, capsys):
     argv = ["run", "--case", CASE.id, "--backends", "oracle", "--candidate", INFO, "--no-html", "--no-progress"]
+    before = {name: os.environ.get(name) for name in (tpu_identity.ENV, tpu_identity.SOURCE_ENV)}
     rc = main([*argv, "--tpu-targets", "none", "--tpu-interpret-as", "v6e", "--out", str(tmp_path)])
     assert rc == 0, capsys.readouterr()
     assert "TPU interpret mode answers as v6e (TPU v6 lite)" in capsys.readouterr().err
@@ -115,7 +116,8 @@ def test_parity_run_tpu_interpret_as_is_recorded_and_not_left_in_the_environment
     identity = dict(rec["notes"]["tpu_identity"])
     assert identity.pop("host")["asked"]["devices"] >= 1  # kernels_jax asks whether it is on a TPU
     assert identity == {"emulated": "v6e", "device_kind": "TPU v6 lite", "num_cores": 1, "source": "--tpu-interpret-as"}
-    assert tpu_identity.ENV not in os.environ and tpu_identity.SOURCE_ENV not in os.environ
+    # put back as it was (unset, or what a pytest session's --parity-tpu-targets exported)
+    assert {name: os.environ.get(name) for name in before} == before
 
 
 @requires_libtpu
