@@ -9,9 +9,9 @@ and print the profile.
 Prints four tables:
   phases      wall time of each step of scripts/test.sh (set-up, ruff, lint-imports, the pytest
               session, the page), from reports/timing/phases.txt;
-  modules     per JUnit file (the session's tests.xml; an older run's unit.xml and interpret.xml)
-              and test module: tests, summed test seconds (over both workers, so the session's
-              wall time is about half its sum), share of the file;
+  modules     per test module, over the run's JUnit files (the session's tests.xml; an older
+              run's unit.xml and interpret.xml): tests, summed test seconds (over both workers,
+              so the tests' wall time is about half the sum), share of the sum;
   slowest     the slowest single tests;
   backends    for the interpret parity tests' records: per backend and op, cases and summed
               wall seconds (a jax candidate's first call includes its XLA compile; FLA's is the
@@ -70,15 +70,15 @@ def backend_times(records: Path) -> tuple[dict, dict]:
     return run, comp
 
 
-def module_seconds(timing: Path) -> dict[str, dict[str, list]]:
-    """pass -> test module -> [tests, summed test seconds]."""
-    out: dict[str, dict[str, list]] = {}
+def module_seconds(timing: Path) -> dict[str, list]:
+    """test module -> [tests, summed test seconds], over every JUnit file of the run (one session's
+    tests.xml; an older run's unit.xml and interpret.xml), so that runs of either layout compare."""
+    per: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
     for xml in sorted(timing.glob("*.xml")):
-        per = out.setdefault(xml.stem, collections.defaultdict(lambda: [0, 0.0]))
         for module, _, secs, _ in junit_tests(xml):
             per[module][0] += 1
             per[module][1] += secs
-    return out
+    return per
 
 
 def _before(table: dict, key) -> str:
@@ -104,15 +104,14 @@ def main() -> int:
         print(f"  {name:40s} {secs:7.0f}{_before(old, name)} {('exit ' + rc) if rc else ''}")
 
     tests = [(xml.stem, *r) for xml in sorted(a.timing.glob("*.xml")) for r in junit_tests(xml)]
-    earlier = module_seconds(a.before) if a.before else {}
-    for p, per in module_seconds(a.timing).items():
-        total = sum(secs for _, secs in per.values()) or 1.0
-        old = {m: secs for m, (_, secs) in earlier.get(p, {}).items()} if a.before else None
-        if old is not None:
-            old["(all)"] = sum(old.values())
-        print(f"\n## {p}.xml: test modules (test seconds, summed over workers: {total:.0f}{_before(old, '(all)')})")
-        for module, (n, secs) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-            print(f"  {module:40s} {n:5d} tests {secs:8.1f} s {100 * secs / total:5.1f}%{_before(old, module)}")
+    per = module_seconds(a.timing)
+    total = sum(secs for _, secs in per.values()) or 1.0
+    old = {m: secs for m, (_, secs) in module_seconds(a.before).items()} if a.before else None
+    if old is not None:
+        old["(all)"] = sum(old.values())
+    print(f"\n## test modules (test seconds, summed over workers: {total:.0f}{_before(old, '(all)')})")
+    for module, (n, secs) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {module:40s} {n:5d} tests {secs:8.1f} s {100 * secs / total:5.1f}%{_before(old, module)}")
 
     print(f"\n## slowest {a.top} tests")
     for p, module, name, secs, outcome in sorted(tests, key=lambda r: -r[3])[: a.top]:
