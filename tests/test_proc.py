@@ -102,6 +102,42 @@ def test_no_preloaded_module_reads_a_variable_taken_at_start_as_it_is_imported()
     assert not read & proc.TAKEN_AT_START
 
 
+COMMAND_IMPORTING_JAX_LATE = """
+import json, os
+from parity.execute import proc
+from tests import test_proc
+for name in proc.SET_BY_IMPORTS:
+    os.environ.pop(name, None)
+before = proc.call_in_child(test_proc._environment, (None,), 120)[1]
+import jax, libtpu  # the command's own imports set what the server's set
+after = proc.call_in_child(test_proc._environment, (None,), 120)[1]
+parent = dict(os.environ)
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+changed = proc.call_in_child(test_proc._environment, (None,), 120)[1]
+print(json.dumps([before, after, changed, parent]))
+"""
+
+
+def _environment(_):
+    return os.getppid(), dict(os.environ)
+
+
+def test_a_command_importing_jax_after_its_first_child_keeps_its_server():
+    """jax and libtpu set variables as they are imported, in the server and later in the command:
+    the same server serves the command's later children (its preload paid once per command), and
+    it set exactly those variables, to the values the command gains (so its children see the
+    environment a spawned child would); a value changed after that gets a new server."""
+    out = subprocess.run(
+        [sys.executable, "-c", COMMAND_IMPORTING_JAX_LATE], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    (ppid, seen), (ppid_after, _), (ppid_changed, seen_changed), parent = json.loads(out.stdout.splitlines()[-1])
+    assert ppid == ppid_after != ppid_changed, out.stderr[-2000:]
+    differs = {k for k in seen.keys() | parent.keys() if seen.get(k) != parent.get(k)} - proc.TAKEN_AT_START
+    assert differs == set(), differs  # the server's imports set what the command's did, no more
+    assert proc.SET_BY_IMPORTS <= seen.keys()
+    assert seen_changed["TF_CPP_MIN_LOG_LEVEL"] == "3"
+
+
 def _tpu_device_in(_):
     # late: the TPU compiler's set-up is what this child checks
     from parity.execute import tpu_compile

@@ -8,7 +8,8 @@ modules, ~2.5 s) once, and each child is forked from it with nothing else run: e
 from the same just-imported state a freshly spawned one reaches after its imports, and no
 candidate's code ever runs in the server. The server is kept while what its imports read stays the
 same (the environment, less TAKEN_AT_START: variables read where they are used, which each child
-takes from its parent as it starts; the working directory; the standard streams); when that
+takes from its parent as it starts, and less SET_BY_IMPORTS where the parent gained them as the
+server's imports set them; the working directory; the standard streams); when that
 changes it is replaced, or, while children forked from it are still alive, the child is spawned.
 Elsewhere, or with PARITY_WORKER_START=spawn, every child is spawned. `worker_context()` is the
 context to start from now (for a pool that starts its own processes: `parity compile`'s).
@@ -58,7 +59,13 @@ TAKEN_AT_START = frozenset(
     }
 )
 
+# Set by the server's own imports where unset (jax/__init__: TF_CPP_MIN_LOG_LEVEL; jax, off a TPU:
+# TPU_SKIP_MDS_QUERY; libtpu: TPU_LIBRARY_PATH): a parent that gains one of them with the value the
+# imports give it, as it imports them itself, still matches a server started without it.
+SET_BY_IMPORTS = frozenset({"TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY", "TPU_LIBRARY_PATH"})
+
 _server_key: tuple | None = None  # what the running fork server was started with
+_server_unset: frozenset = frozenset()  # the SET_BY_IMPORTS variables it was started without
 
 
 def die_with_parent() -> None:
@@ -114,22 +121,35 @@ def take_environment(taken: dict[str, str]) -> None:
 def worker_context():
     """The context to start a harness child from now (module docstring); a child started from it
     directly calls take_environment first."""
-    global _server_key
+    global _server_key, _server_unset
     if not sys.platform.startswith("linux") or os.environ.get(START_ENV) == "spawn":
         return mp.get_context("spawn")
     from multiprocessing import context, forkserver
 
-    key = _start_key()
+    key = _start_key(_server_unset)
     if key != _server_key:
         if any(isinstance(p, context.ForkServerProcess) for p in mp.active_children()):
             return mp.get_context("spawn")  # stopping the server would wait for them
         forkserver._forkserver._stop()
         forkserver.set_forkserver_preload([PRELOAD])
-        _server_key = key
+        _server_unset = SET_BY_IMPORTS - os.environ.keys()
+        _server_key = _start_key(_server_unset)
     return mp.get_context("forkserver")
 
 
-def _start_key() -> tuple:
+def _set_by_imports() -> dict[str, str]:
+    """SET_BY_IMPORTS with the values the imports give them (TPU_LIBRARY_PATH's once this process
+    imported libtpu: the path of the libtpu it imported)."""
+    values = {"TF_CPP_MIN_LOG_LEVEL": "1", "TPU_SKIP_MDS_QUERY": "1"}
+    if "libtpu" in sys.modules:
+        values["TPU_LIBRARY_PATH"] = sys.modules["libtpu"].get_library_path()
+    return values
+
+
+def _start_key(unset_at_start: frozenset) -> tuple:
+    """What a server's imports read: the environment less TAKEN_AT_START and less the variables,
+    unset when the server started, that hold the value its imports gave them; the working
+    directory; the standard streams."""
     streams = []
     for fd in (0, 1, 2):
         try:
@@ -137,7 +157,8 @@ def _start_key() -> tuple:
             streams.append((st.st_dev, st.st_ino))
         except OSError:
             streams.append(None)
-    imports_read = sorted((k, v) for k, v in os.environ.items() if k not in TAKEN_AT_START)
+    by_imports = {k: v for k, v in _set_by_imports().items() if k in unset_at_start}
+    imports_read = sorted((k, v) for k, v in os.environ.items() if k not in TAKEN_AT_START and by_imports.get(k) != v)
     return tuple(imports_read), os.getcwd(), tuple(streams)
 
 
