@@ -1,7 +1,6 @@
 """GLA's chunk stages under FLA 0.6.0's names and keyword calling convention (cases/stages/gla.py).
 
-Each stage runs one Pallas kernel: chunk_fwd_h the op's own forward kernel (chunk.py: GLA computes
-its states there, so they are judged as the op computes them), the others stage_kernels.py's,
+Each stage runs one Pallas kernel of kernels.py, the op's own (chunk.py calls the same functions),
 through a thin adapter that plans the layout on the host (kernels_jax/common/layout.py;
 cu_seqlens must be concrete), packs FLA's [B, T, H, D] tensors
 into the kernels' head-major chunk layout [H, NT * C, D] (head dims padded to multiples of
@@ -24,19 +23,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kernels_jax.common import stage_layout
 from kernels_jax.common.config import KernelConfig, prepare
 from kernels_jax.common.stage_layout import gate_slots, gate_sources, require_concrete, states_in, states_out
 
-from . import chunk
-from . import stage_kernels as kernels
-from .stage_kernels import ALIGN
-
-F32 = jnp.float32
-LN2 = float(np.log(2.0))
-
+from . import kernels
+from .kernels import ALIGN, F32
 
 # ---------------------------------------------------------------------------------------------
 # host-side planning
@@ -104,7 +97,7 @@ def chunk_fwd_h(
 ):
     """k, gk [B, T, H, K] (gk: log2 chunk-local cumsum), v [B, T, H, V], h0 [N, H, K, V] ->
     (h [B, NT, H, K, V]: the state before each chunk, in k's dtype, float32 with states_in_fp32;
-    ht [N, H, K, V] float32 or None unless output_final_state). Kernel: the op's forward, chunk.py."""
+    ht [N, H, K, V] float32 or None unless output_final_state). Kernel: kernels.fwd_h."""
     _no("chunk_fwd_h", g=g, g_gamma=g_gamma, gv=gv, state_v_first=state_v_first)
     layout, cfg, gate_src, keep = _prepare(
         "chunk_fwd_h", k, v, g=gk, h0=h0, cu_seqlens=cu_seqlens, chunk_size=chunk_size
@@ -116,16 +109,9 @@ def chunk_fwd_h(
 
 @functools.partial(jax.jit, static_argnums=(7, 8))
 def _fwd_h(k, v, gk, h0, layout, gate_src, keep, cfg: KernelConfig, h_dtype):
-    """The op's own forward kernel (chunk._fwd_call, which keeps the state before each chunk for
-    its backward) on the per-token log-decays the cumsum came from, its output o dropped: GLA's
-    states are computed once in kernels_jax, so a bug in them shows in this stage."""
     h0p = jnp.zeros((cfg.N, cfg.H, cfg.K, cfg.V), F32) if h0 is None else cfg.pad_state(h0)
-    kp = layout.pack(k, cfg.K)
-    gc = gate_slots(gk, layout, gate_src, cfg.K).reshape(cfg.H, cfg.NT, cfg.C, cfg.K) * LN2
-    g = jnp.diff(gc, axis=2, prepend=0.0).reshape(kp.shape)  # padding slots repeat the last: 0
-    _, ht, h = chunk._fwd_call(
-        jnp.zeros_like(kp), kp, layout.pack(v, cfg.V), g, h0p, *layout.tables(), cfg, save_states=True
-    )
+    g = gate_slots(gk, layout, gate_src, cfg.K)
+    h, ht = kernels.fwd_h(layout.pack(k, cfg.K), layout.pack(v, cfg.V), g, h0p, layout.tables(), cfg.NT, cfg.C)
     return states_out(h.astype(h_dtype), layout, keep, cfg), cfg.cut_state(ht)
 
 
@@ -136,7 +122,7 @@ def _fwd_h(k, v, gk, h0, layout, gate_src, keep, cfg: KernelConfig, h_dtype):
 def chunk_gla_fwd_intra_gk(q, k, g, scale, cu_seqlens=None, chunk_size=64, **unused):
     """q, k, g [B, T, H, K] (g log2) -> A [B, T, H, C] float32: scale sum_k q_tk k_sk
     exp2(g_tk - g_sk) for s <= t (s, t positions in t's chunk), 0 above. Kernel:
-    stage_kernels.fwd_intra."""
+    kernels.fwd_intra."""
     layout, cfg, gate_src, _ = _prepare(
         "chunk_gla_fwd_intra_gk", q, k, g=g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size
     )
@@ -157,7 +143,7 @@ def _fwd_intra(q, k, g, layout, gate_src, cfg: KernelConfig):
 
 def chunk_gla_fwd_o_gk(q, v, g, A, h, scale, state_v_first=False, cu_seqlens=None, chunk_size=64, **unused):
     """q, g [B, T, H, K], v [B, T, H, V], A [B, T, H, C] (entries s <= t read), h [B, NT, H, K, V]
-    (the state before each chunk) -> o [B, T, H, V] in v's dtype. Kernel: stage_kernels.fwd_o."""
+    (the state before each chunk) -> o [B, T, H, V] in v's dtype. Kernel: kernels.fwd_o."""
     _no("chunk_gla_fwd_o_gk", state_v_first=state_v_first)
     layout, cfg, gate_src, keep = _prepare(
         "chunk_gla_fwd_o_gk", q, v, g=g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size
@@ -206,7 +192,7 @@ def chunk_bwd_dh(
     """q, k, gk [B, T, H, K], v, do [B, T, H, V], h0 [N, H, K, V] or None (only whether dh0 is
     wanted), dht [N, H, K, V] or None (zeros) -> (dh [B, NT, H, K, V]: the gradient w.r.t. the
     state after each chunk, float32 with states_in_fp32 (else k's dtype), dh0 [N, H, K, V]
-    float32 or None without h0). Kernel: stage_kernels.bwd_dh."""
+    float32 or None without h0). Kernel: kernels.bwd_dh."""
     _no("chunk_bwd_dh", g=g, g_gamma=g_gamma, gv=gv, state_v_first=state_v_first)
     layout, cfg, gate_src, keep = _prepare(
         "chunk_bwd_dh", q, do, g=gk, scale=scale, h0=h0, cu_seqlens=cu_seqlens, chunk_size=chunk_size
@@ -238,7 +224,7 @@ def _bwd_dh(q, do, gk, dht, layout, gate_src, keep, cfg: KernelConfig, dh_dtype)
 
 def chunk_gla_bwd_dv(k, g, A, do, dh, state_v_first=False, cu_seqlens=None, chunk_size=64, **unused):
     """k, g [B, T, H, K], A [B, T, H, C] (the forward's; entries s <= t read), do [B, T, H, V],
-    dh [B, NT, H, K, V] -> dv [B, T, H, V] in do's dtype. Kernel: stage_kernels.bwd_dv."""
+    dh [B, NT, H, K, V] -> dv [B, T, H, V] in do's dtype. Kernel: kernels.bwd_dv."""
     _no("chunk_gla_bwd_dv", state_v_first=state_v_first)
     layout, cfg, gate_src, keep = _prepare("chunk_gla_bwd_dv", k, do, g=g, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return _bwd_dv(k, g, A, do, dh, layout, gate_src, keep, cfg)
@@ -265,7 +251,7 @@ def _bwd_dv(k, g, A, do, dh, layout, gate_src, keep, cfg: KernelConfig):
 
 def chunk_gla_bwd_dA(v, do, scale, cu_seqlens=None, chunk_size=64, **unused):
     """v, do [B, T, H, V] -> dA [B, T, H, C] float32: scale do_t . v_s for s <= t, 0 above.
-    Kernel: stage_kernels.bwd_da."""
+    Kernel: kernels.bwd_da."""
     # planned with a one-channel stand-in for q, k: the stage reads only v and do (V up to 512)
     layout, cfg, _, _ = _prepare(
         "chunk_gla_bwd_dA", v[..., :1], do, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size
@@ -285,7 +271,7 @@ def _bwd_da(v, do, layout, cfg: KernelConfig):
 
 def chunk_gla_bwd_dqk_intra(q, k, g, dA, cu_seqlens=None, chunk_size=64, **unused):
     """q, k, g [B, T, H, K], dA [B, T, H, C] (entries s <= t read) -> (dq, dk [B, T, H, K]
-    float32): the gradients of q, k through A. Kernel: stage_kernels.bwd_dqk_intra."""
+    float32): the gradients of q, k through A. Kernel: kernels.bwd_dqk_intra."""
     layout, cfg, gate_src, _ = _prepare(
         "chunk_gla_bwd_dqk_intra", q, k, g=g, cu_seqlens=cu_seqlens, chunk_size=chunk_size
     )
@@ -316,7 +302,7 @@ def chunk_gla_bwd_dqkg(
     gradient of the state after each chunk), dq, dk [B, T, H, K] (the intra parts) ->
     (dq, dk [B, T, H, K] in dq's and dk's dtype: the whole gradients, dg [B, T, H, K] in g's
     dtype: the gradient of the op's raw g, its reverse chunk-local cumsum taken). Kernel:
-    stage_kernels.bwd_dqkg."""
+    kernels.bwd_dqkg."""
     _no("chunk_gla_bwd_dqkg", state_v_first=state_v_first)
     layout, cfg, gate_src, keep = _prepare(
         "chunk_gla_bwd_dqkg", q, v, g=g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size

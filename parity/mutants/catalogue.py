@@ -319,10 +319,11 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "pallas",
         patches=(
             Patch(
-                "kernels_jax.gla.chunk",
-                "    _, g_last_col = sums.total(tot)\n",
-                "    _, g_last_col = sums.total(tot)\n"
-                "    g_last_col = intra.dot_tn(g[C - 1 : C, :], jnp.ones((1, 1), jnp.float32))\n",
+                "kernels_jax.gla.kernels",
+                "    g_row, g_col = _last(g)\n    S = advance_state(",
+                "    g_row, g_col = _last(g)\n"
+                "    g_col = g_col - dot_tn(g[g.shape[0] - 2 : g.shape[0] - 1, :], jnp.ones((1, 1), F32))\n"
+                "    S = advance_state(",
             ),
         ),
         what="gla: the state carried to the next chunk decays by the last row's gate only, "

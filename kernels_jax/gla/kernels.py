@@ -1,11 +1,12 @@
-"""GLA's chunk stages (FLA 0.6.0's split of chunk_gla) as Pallas TPU kernels, one per stage.
+"""GLA's chunk stages (FLA 0.6.0's split of chunk_gla) as Pallas TPU kernels, one per stage: the
+op's kernels (chunk.py calls them in order) and its stage cases' (stages.py).
 
 Every kernel runs on the packed layout of common/layout.py: tokens [H, NT * C, D] (K, V padded
 to multiples of ALIGN), per-chunk squares A, dA [H, NT * C, C] (row: the token, column: the
 position in its chunk), states [H, NT, K, V] (one per chunk) or [N, H, K, V] (one per sequence,
 through the scalar-prefetched `seq` table). Grid (H, NT), whole K and V per block; the
-state-passing kernel (bwd_dh) carries the state in float32 VMEM scratch along an "arbitrary"
-chunk axis, the others are "parallel" in both. (fwd_h is the op's own forward kernel, chunk.py.)
+state-passing kernels (fwd_h, bwd_dh) carry the state in float32 VMEM scratch along an
+"arbitrary" chunk axis, the others are "parallel" in both.
 
 Gates g [C, K] arrive in FLA's log2 units, already the chunk-local cumsum (non-increasing down
 the chunk; a padding slot repeats its chunk's last real gate, so slot C - 1 holds the chunk's
@@ -29,13 +30,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels_jax.common.kernel_math import params
+from kernels_jax.common.kernel_math import F32, advance_state, params
 from kernels_jax.common.platform import interpret_mode
 
 from . import intra
 from .intra import LANE_PIECE, PairSelectors, dot, dot_nt, dot_tn, iota, sub_size
 
-F32 = jnp.float32
 ALIGN = intra.LANE_PIECE  # head dims padded to whole pieces of the contractions
 
 
@@ -80,6 +80,24 @@ def _square_to_pairs(sel: PairSelectors, blk):
 # ---------------------------------------------------------------- kernels
 
 
+def _fwd_h_kernel(seq_ref, first_ref, last_ref, k_ref, v_ref, g_ref, h0_ref, h_ref, ht_ref, state_ref):
+    """One (head, chunk): k, g [C, K]; v [C, V]; h0, ht (the sequence's), h (this chunk's) [K, V].
+    h = the state before the chunk; S_next = exp2(g_last) * S + (k * exp2(g_last - g))^T v."""
+    t = pl.program_id(1)
+
+    @pl.when(first_ref[t] == 1)
+    def load_initial_state():
+        state_ref[...] = h0_ref[...].astype(F32)
+
+    S = state_ref[...]
+    h_ref[...] = S
+    k, v, g = _load(k_ref), _load(v_ref), _load(g_ref)
+    g_row, g_col = _last(g)
+    S = advance_state(S, k, v, jnp.exp2(g_col), jnp.exp2(g_row - g), piece=intra.SUB)
+    state_ref[...] = S
+    ht_ref[...] = S
+
+
 def _bwd_dh_kernel(seq_ref, first_ref, last_ref, q_ref, do_ref, g_ref, dht_ref, dh_ref, dh0_ref, dstate_ref, *, scale):
     """One (head, chunk), chunks in reverse: q, g [C, K]; do [C, V]; dht, dh0 (the sequence's),
     dh (this chunk's) [K, V]. dh = the gradient of the state after the chunk;
@@ -87,7 +105,7 @@ def _bwd_dh_kernel(seq_ref, first_ref, last_ref, q_ref, do_ref, g_ref, dht_ref, 
     t = pl.num_programs(1) - 1 - pl.program_id(1)
 
     @pl.when(last_ref[t] == 1)
-    def _():
+    def load_final_state_grad():
         dstate_ref[...] = dht_ref[...].astype(F32)
 
     dS = dstate_ref[...]
@@ -224,20 +242,52 @@ def _call(kernel, name, grid, in_specs, out_specs, out_shape, semantics, *args, 
     )(*args)
 
 
+def _states(K: int, V: int, NT: int, rev: bool = False):
+    """BlockSpecs of the states [H, NT, K, V] (one per chunk) and [N, H, K, V] (the chunk's
+    sequence's, through the `seq` table), chunks in reverse with rev."""
+
+    def chunk(t):
+        return NT - 1 - t if rev else t
+
+    return (
+        pl.BlockSpec((None, None, K, V), lambda h, t, *_: (h, chunk(t), 0, 0)),
+        pl.BlockSpec((None, None, K, V), lambda h, t, seq, *_: (seq[chunk(t)], h, 0, 0)),
+    )
+
+
+def fwd_h(k, v, g, h0, tables, NT: int, C: int):
+    """Packed k, g [H, NT * C, K], v [H, NT * C, V], h0 [N, H, K, V] float32 ->
+    (h [H, NT, K, V] float32: the state before each chunk, ht [N, H, K, V]: each sequence's last)."""
+    H, _, K = k.shape
+    V, N = v.shape[2], h0.shape[0]
+    chunk_state, seq_state = _states(K, V, NT)
+    return _call(
+        _fwd_h_kernel,
+        "gla_chunk_fwd_h",
+        (H, NT),
+        [_tok(C, K), _tok(C, V), _tok(C, K), seq_state],
+        [chunk_state, seq_state],
+        [jax.ShapeDtypeStruct((H, NT, K, V), F32), jax.ShapeDtypeStruct((N, H, K, V), F32)],
+        ("parallel", "arbitrary"),
+        *tables,
+        k,
+        v,
+        g,
+        h0,
+        scratch=[pltpu.VMEM((K, V), F32)],
+        prefetch=3,
+    )
+
+
 def bwd_dh(q, do, g, dht, tables, NT: int, C: int, scale: float):
     """Packed q, g [H, NT * C, K], do [H, NT * C, V], dht [N, H, K, V] float32 ->
     (dh [H, NT, K, V] float32: the gradient of the state after each chunk, dh0 [N, H, K, V])."""
     H, _, K = q.shape
     V, N = do.shape[2], dht.shape[0]
-
-    def rev(t):
-        return NT - 1 - t
-
-    seq_state = pl.BlockSpec((None, None, K, V), lambda h, t, seq, *_: (seq[rev(t)], h, 0, 0))
-    chunk_state = pl.BlockSpec((None, None, K, V), lambda h, t, *_: (h, rev(t), 0, 0))
+    chunk_state, seq_state = _states(K, V, NT, rev=True)
     return _call(
         functools.partial(_bwd_dh_kernel, scale=scale),
-        "gla_stage_bwd_dh",
+        "gla_chunk_bwd_dh",
         (H, NT),
         [_tok(C, K, True, NT), _tok(C, V, True, NT), _tok(C, K, True, NT), seq_state],
         [chunk_state, seq_state],
@@ -258,7 +308,7 @@ def fwd_intra(q, k, g, NT: int, C: int, scale: float):
     H, _, K = q.shape
     return _call(
         functools.partial(_fwd_intra_kernel, scale=scale),
-        "gla_stage_fwd_intra",
+        "gla_chunk_fwd_intra",
         (H, NT),
         [_tok(C, K)] * 3,
         _tok(C, C),
@@ -277,9 +327,9 @@ def fwd_o(q, v, g, A, h, NT: int, C: int, scale: float, o_dtype):
     V = v.shape[2]
     return _call(
         functools.partial(_fwd_o_kernel, scale=scale),
-        "gla_stage_fwd_o",
+        "gla_chunk_fwd_o",
         (H, NT),
-        [_tok(C, K), _tok(C, V), _tok(C, K), _tok(C, C), pl.BlockSpec((None, None, K, V), lambda h, t: (h, t, 0, 0))],
+        [_tok(C, K), _tok(C, V), _tok(C, K), _tok(C, C), _states(K, V, NT)[0]],
         _tok(C, V),
         jax.ShapeDtypeStruct((H, NT * C, V), o_dtype),
         ("parallel", "parallel"),
@@ -298,9 +348,9 @@ def bwd_dv(k, g, A, do, dh, NT: int, C: int, dv_dtype):
     V = do.shape[2]
     return _call(
         _bwd_dv_kernel,
-        "gla_stage_bwd_dv",
+        "gla_chunk_bwd_dv",
         (H, NT),
-        [_tok(C, K), _tok(C, K), _tok(C, C), _tok(C, V), pl.BlockSpec((None, None, K, V), lambda h, t: (h, t, 0, 0))],
+        [_tok(C, K), _tok(C, K), _tok(C, C), _tok(C, V), _states(K, V, NT)[0]],
         _tok(C, V),
         jax.ShapeDtypeStruct((H, NT * C, V), dv_dtype),
         ("parallel", "parallel"),
@@ -317,7 +367,7 @@ def bwd_da(v, do, NT: int, C: int, scale: float):
     H, _, V = v.shape
     return _call(
         functools.partial(_bwd_da_kernel, scale=scale),
-        "gla_stage_bwd_da",
+        "gla_chunk_bwd_da",
         (H, NT),
         [_tok(C, V), _tok(C, V)],
         _tok(C, C),
@@ -334,7 +384,7 @@ def bwd_dqk_intra(q, k, g, dA, NT: int, C: int):
     out = jax.ShapeDtypeStruct((H, NT * C, K), F32)
     return _call(
         _bwd_dqk_intra_kernel,
-        "gla_stage_bwd_dqk_intra",
+        "gla_chunk_bwd_dqk_intra",
         (H, NT),
         [_tok(C, K)] * 3 + [_tok(C, C)],
         [_tok(C, K)] * 2,
@@ -352,11 +402,11 @@ def bwd_dqkg(q, k, v, h, g, do, dh, dq, dk, NT: int, C: int, scale: float):
     dq, dk, dg [H, NT * C, K] float32."""
     H, _, K = q.shape
     V = v.shape[2]
-    state = pl.BlockSpec((None, None, K, V), lambda h, t: (h, t, 0, 0))
+    state = _states(K, V, NT)[0]
     out = jax.ShapeDtypeStruct((H, NT * C, K), F32)
     return _call(
         functools.partial(_bwd_dqkg_kernel, scale=scale),
-        "gla_stage_bwd_dqkg",
+        "gla_chunk_bwd_dqkg",
         (H, NT),
         [_tok(C, K), _tok(C, K), _tok(C, V), state, _tok(C, K), _tok(C, V), state, _tok(C, K), _tok(C, K)],
         [_tok(C, K)] * 3,
