@@ -123,4 +123,4 @@ def test_every_stage_lowers_for_tpu():
         if stage == "local_cumsum":
             assert "tpu_custom_call" not in text
         else:
-            assert f"gdn_stage_{stage}" in text and text.count("tpu_custom_call") == 1, stage
+            assert f'"gdn_chunk_{stage}' in text and text.count("tpu_custom_call") == 1, stage

@@ -21,7 +21,7 @@ NOT_YET = {
     op: pytest.mark.xfail(
         strict=True, reason=f"issue 53: {op}'s op runs kernels of its own, not its stage kernels (kernels_jax/{op})"
     )
-    for op in ("kda", "gdn")
+    for op in ("kda",)
 }
 
 

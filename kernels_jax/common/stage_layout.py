@@ -1,4 +1,5 @@
-"""Layout conversions shared by the ops' FLA-convention stage adapters (kernels_jax/<op>/stages.py).
+"""Layout conversions shared by the ops' FLA-convention stage adapters (kernels_jax/<op>/stages.py),
+and the chunk-local cumsum the ops and their local_cumsum stages compute (packed_local_cumsum).
 
 FLA's tensors are token-major [B, T, H, ...] and its per-chunk states [B, NT_fla / B, H, K, V]
 (NT_fla chunks per row, or over all packed sequences with B == 1; an empty sequence has none);
@@ -20,6 +21,7 @@ from kernels_jax.common.layout import ChunkLayout, plan
 from kernels_jax.common.validation import is_concrete
 
 F32 = jnp.float32
+RCP_LN2 = float(1.0 / np.log(2.0))  # FLA 0.6.0's gates are chunk-local cumsums in log2 units
 
 
 def require_concrete(cu_seqlens, op: str, stage: str) -> None:
@@ -106,12 +108,16 @@ def compensated_cumsum(x, axis: int, reverse: bool = False):
     return jnp.moveaxis(out, 0, axis)
 
 
+def packed_local_cumsum(x, C: int, scale=None, reverse: bool = False):
+    """Packed x [H, NT * C, D] float32 -> its cumsum within each chunk of C slots (from each chunk's
+    end when reversed; compensated_cumsum), times scale when given. A padding slot (x = 0) repeats
+    its chunk's last real sum."""
+    H, P, D = x.shape
+    out = compensated_cumsum(x.reshape(H, P // C, C, D), 2, reverse).reshape(x.shape)
+    return out if scale is None else out * scale
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _local_cumsum(g, layout: ChunkLayout, scale, reverse: bool):
     """g [B, T, H, D] -> [B, T, H, D] float32 (chunk_local_cumsum)."""
-    H, D = g.shape[2], g.shape[3]
-    x = layout.pack(g.astype(F32)).reshape(H, layout.NT, layout.C, D)
-    x = compensated_cumsum(x, 2, reverse)
-    if scale is not None:
-        x = x * scale
-    return layout.unpack(x.reshape(H, layout.slots, D))
+    return layout.unpack(packed_local_cumsum(layout.pack(g.astype(F32)), layout.C, scale, reverse))

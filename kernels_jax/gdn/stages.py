@@ -1,11 +1,11 @@
 """GDN's chunk stages under FLA 0.6.0's names and keyword calling convention (cases/stages/gdn.py).
 
-Each stage runs one Pallas kernel of stage_kernels.py (local_cumsum: a compensated jnp scan, as the
-whole-op path does it): a thin adapter that plans the layout on the host (kernels_jax/common/
-layout.py; cu_seqlens must be concrete), packs FLA's [B, T, H, D] tensors into the kernels'
-head-major chunk layout [HV, NT * C, D] (q, k repeated to the HV value heads; head dims padded
-to multiples of 8), converts the gate and converts the results back (dq, dk, dk2 summed over
-each q, k head's G value heads, as FLA sums them).
+Each stage runs one Pallas kernel of kernels.py, the op's own (chunk.py calls the same functions;
+local_cumsum: a compensated jnp scan, as the op computes it): a thin adapter that plans the layout
+on the host (kernels_jax/common/layout.py; cu_seqlens must be concrete), packs FLA's [B, T, H, D]
+tensors into the kernels' head-major chunk layout [H or HV, NT * C, D] (head dims padded to
+multiples of 8), converts the gate and converts the results back (dq, dk, dk2 summed over each
+q, k head's G value heads, as FLA sums them).
 
 Gates arrive in FLA 0.6.0's log2 units: g [B, T, HV] is the chunk-local cumsum of the op's
 log-decays times 1 / ln 2; the kernels take it as it is (scaling exponent differences by ln 2),
@@ -37,11 +37,9 @@ from kernels_jax.common.stage_layout import (
     states_in,
     states_out,
 )
-from kernels_jax.kda.chunk import ALIGN  # the gdn op runs KDA's kernels
 
-from . import stage_kernels as kernels
-
-F32 = jnp.float32
+from . import kernels
+from .chunk import ALIGN, F32
 
 
 @jax.tree_util.register_pytree_node_class
@@ -98,8 +96,8 @@ def _plan(stage, k, v, *, cu_seqlens, chunk_size, scale=None, has_h0=False) -> _
 
 
 def _qk(p: _Plan, x):
-    """q or k [B, T, H, K] -> [HV, P, K_pad]: each value head's copy of its q, k head."""
-    return p.layout.pack(jnp.repeat(x, p.cfg.G, axis=2), p.cfg.K)
+    """q or k [B, T, H, K] -> [H, P, K_pad] (value head h reads head h // G)."""
+    return p.layout.pack(x, p.cfg.K)
 
 
 def _keys(p: _Plan, x):
@@ -159,7 +157,7 @@ def chunk_gated_delta_rule_fwd_intra(k, v, g=None, beta=None, cu_seqlens=None, c
     """k [B, T, H, K], v [B, T, HV, V], g [B, T, HV] (log2 cumsum), beta [B, T, HV] ->
     (w [B, T, HV, K] in k's dtype, u [B, T, HV, V] in v's dtype, A [B, T, HV, C] in k's dtype:
     per chunk (I + M)^-1, M_ij = beta_i (k_i . k_j) exp2(g_i - g_j) for j < i).
-    Kernel: stage_kernels.fwd_intra."""
+    Kernel: kernels.fwd_intra."""
     p = _plan("chunk_gated_delta_rule_fwd_intra", k, v, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return _fwd_intra(k, v, g, beta, p)
 
@@ -180,7 +178,7 @@ def chunk_gated_delta_rule_fwd_h(
     """k [B, T, H, K], w [B, T, HV, K], u [B, T, HV, V], g (log2 cumsum), initial_state
     [N, HV, K, V] or None -> (h [B, NT, HV, K, V] in k's dtype: the state before each chunk,
     v_new [B, T, HV, V] in u's dtype: u - w h, ht [N, HV, K, V] float32 or None unless
-    output_final_state). Kernel: stage_kernels.fwd_h."""
+    output_final_state). Kernel: kernels.fwd_h."""
     if gk is not None:
         raise ValueError("gdn chunk_gated_delta_rule_fwd_h: gk (per-channel gates) is not a gdn stage input")
     p = _plan(
@@ -205,7 +203,7 @@ def _fwd_h(k, w, u, g, h0, p: _Plan):
 
 def chunk_fwd_o(q, k, v, h, g=None, g_gamma=None, scale=None, cu_seqlens=None, chunk_size=64, **unused):
     """q, k [B, T, H, K], v (v_new) [B, T, HV, V], h [B, NT, HV, K, V], g (log2 cumsum) ->
-    o [B, T, HV, V] in v's dtype. Kernel: stage_kernels.fwd_o."""
+    o [B, T, HV, V] in v's dtype. Kernel: kernels.fwd_o."""
     if g_gamma is not None:
         raise ValueError("gdn chunk_fwd_o: g_gamma is not a gdn gate (gdn gates with g)")
     p = _plan("chunk_fwd_o", k, v, cu_seqlens=cu_seqlens, chunk_size=chunk_size, scale=scale)
@@ -226,7 +224,7 @@ def _fwd_o(q, k, v, h, g, p: _Plan):
 
 def chunk_bwd_dv_local(q, k, do, g=None, g_gamma=None, A=None, scale=None, cu_seqlens=None, chunk_size=64, **unused):
     """q, k [B, T, H, K], do [B, T, HV, V], g (log2 cumsum) -> dv [B, T, HV, V] in do's dtype:
-    dv_j = scale sum_{i>=j} exp2(g_i - g_j) (q_i . k_j) do_i. Kernel: stage_kernels.bwd_dv_local."""
+    dv_j = scale sum_{i>=j} exp2(g_i - g_j) (q_i . k_j) do_i. Kernel: kernels.bwd_dv_local."""
     if g_gamma is not None or A is not None:
         raise ValueError("gdn chunk_bwd_dv_local: g_gamma and A are not gdn stage inputs")
     p = _plan("chunk_bwd_dv_local", k, do, cu_seqlens=cu_seqlens, chunk_size=chunk_size, scale=scale)
@@ -246,7 +244,7 @@ def chunk_gated_delta_rule_bwd_dhu(
     cumsum), h0 [N, HV, K, V] or None (only whether dh0 is wanted), dht [N, HV, K, V] or None
     (zeros) -> (dh [B, NT, HV, K, V] in q's dtype: the gradient w.r.t. the state after each chunk,
     dh0 [N, HV, K, V] float32 or None without h0, dv2 [B, T, HV, V] in dv's dtype).
-    Kernel: stage_kernels.bwd_dhu."""
+    Kernel: kernels.bwd_dhu."""
     if gk is not None:
         raise ValueError("gdn chunk_gated_delta_rule_bwd_dhu: gk (per-channel gates) is not a gdn stage input")
     p = _plan(
@@ -289,7 +287,7 @@ def chunk_bwd_dqkwg(
     """q, k [B, T, H, K], v (v_new), do, dv (bwd_dhu's dv2) [B, T, HV, V], h, dh [B, NT, HV, K, V],
     w [B, T, HV, K], g (log2 cumsum) -> (dq [B, T, H, K] in q's dtype, dk in k's dtype (summed over
     each group of value heads), dw [B, T, HV, K] in w's dtype = -dv2 h^T, dg [B, T, HV] float32:
-    the gradient w.r.t. the natural-log cumsum). Kernel: stage_kernels.bwd_dqkwg."""
+    the gradient w.r.t. the natural-log cumsum). Kernel: kernels.bwd_dqkwg."""
     if w is None or dv is None or g is None or g_gamma is not None:
         raise ValueError("gdn chunk_bwd_dqkwg: takes w, dv and g (the delta rule's stage), not g_gamma")
     p = _plan("chunk_bwd_dqkwg", k, v, cu_seqlens=cu_seqlens, chunk_size=chunk_size, scale=scale)
@@ -320,7 +318,7 @@ def prepare_wy_repr_bwd(k, v, beta, A, dw, du, g=None, cu_seqlens=None, chunk_si
     (fwd_intra's), dw [B, T, HV, K] (bwd_dqkwg's), g (log2 cumsum) -> (dk2 [B, T, H, K] in k's dtype
     (summed over each group), dv [B, T, HV, V] in v's dtype, db [B, T, HV] in beta's dtype,
     dg2 [B, T, HV] float32: the gradient w.r.t. the natural-log cumsum). The chunk size is A's last
-    axis (FLA's function takes none; a chunk_size given must agree). Kernel: stage_kernels.bwd_wy."""
+    axis (FLA's function takes none; a chunk_size given must agree). Kernel: kernels.bwd_wy."""
     C = A.shape[-1]
     if chunk_size is not None and chunk_size != C:
         raise ValueError(f"gdn prepare_wy_repr_bwd: chunk_size={chunk_size} but A has {C} columns")

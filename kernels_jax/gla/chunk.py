@@ -21,30 +21,20 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kernels_jax.common.config import KernelConfig, prepare
 from kernels_jax.common.layout import ChunkLayout
-from kernels_jax.common.stage_layout import compensated_cumsum
+from kernels_jax.common.stage_layout import RCP_LN2, packed_local_cumsum
 
 from . import kernels
 from .kernels import ALIGN, F32
-
-RCP_LN2 = float(1.0 / np.log(2.0))
-
-
-def local_cumsum(g, cfg: KernelConfig):
-    """Packed g [H, NT * C, K] float32 -> gc [H, NT * C, K]: its cumsum within each chunk, in log2
-    units (times 1 / ln 2). A padding slot (g = 0) repeats its chunk's last real gate."""
-    H, _, K = g.shape
-    return compensated_cumsum(g.reshape(H, cfg.NT, cfg.C, K), 2).reshape(g.shape) * RCP_LN2
 
 
 # ---------------------------------------------------------------- autodiff
 def _forward(q, k, v, g, h0, tables, cfg: KernelConfig):
     """-> o [H, NT * C, V] in q's dtype, ht [N, H, K, V], (gc, A, h) for the backward."""
     NT, C, scale = cfg.NT, cfg.C, cfg.scale
-    gc = local_cumsum(g, cfg)
+    gc = packed_local_cumsum(g, C, RCP_LN2)  # log2 units, as FLA's
     h, ht = kernels.fwd_h(k, v, gc, h0, tables, NT, C)
     A = kernels.fwd_intra(q, k, gc, NT, C, scale)
     o = kernels.fwd_o(q, v, gc, A, h, NT, C, scale, q.dtype)

@@ -11,8 +11,7 @@ Chunked form, per chunk with chunk-start state S and G = chunk-local cumsum of g
 Backward (jax.custom_vjp): recompute the forward factors and states, run the state gradient
 backwards over chunks, then every per-chunk gradient in parallel (kernels.py).
 Grouped value heads (HV = G * H): the kernels run per value head h and read q, k head h // G
-through their index maps; dq, dk are summed over each group here. GDN (kernels_jax/gdn) is this
-op with its per-head log-decay broadcast over K (`delta_rule("gdn", ...)`); GDN-2 (kernels_jax/gdn2)
+through their index maps; dq, dk are summed over each group here. GDN-2 (kernels_jax/gdn2)
 splits beta into a per-K-channel erase gate b (beta k -> b k) and a per-V-channel write gate w
 (beta v -> w v), `channel_gated_delta_rule`.
 """
@@ -85,15 +84,8 @@ def chunk_kda(
     cu_seqlens [N + 1] and B == 1). Returns (o [B, T, HV, V] in q's dtype, final_state
     [N, HV, K, V] float32 or None).
     """
-    return delta_rule("kda", q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size)
-
-
-def delta_rule(op: str, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_size):
-    """The gated delta rule by the KDA kernels, for op "kda" (g [B, T, HV, K] per channel) or
-    "gdn" (g [B, T, HV] per head, broadcast over K inside the program: dg is the sum over K).
-    -> (o, final_state or None)."""
     layout, cfg = prepare(
-        op,
+        "kda",
         q,
         k,
         v,
@@ -106,7 +98,7 @@ def delta_rule(op: str, q, k, v, g, beta, scale, initial_state, output_final_sta
         cu_seqlens=cu_seqlens,
         chunk_size=chunk_size,
     )
-    o, ht = _chunk_delta_rule(q, k, v, g, (beta,), initial_state, layout, cfg, op == "gdn")
+    o, ht = _chunk_delta_rule(q, k, v, g, (beta,), initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 
 
@@ -128,20 +120,16 @@ def channel_gated_delta_rule(q, k, v, g, b, w, scale, initial_state, output_fina
         cu_seqlens=cu_seqlens,
         chunk_size=chunk_size,
     )
-    o, ht = _chunk_delta_rule(q, k, v, g, (b, w), initial_state, layout, cfg, False)
+    o, ht = _chunk_delta_rule(q, k, v, g, (b, w), initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 
 
-@functools.partial(jax.jit, static_argnums=(7, 8))
-def _chunk_delta_rule(q, k, v, g, gates, initial_state, layout: ChunkLayout, cfg: KernelConfig, per_head: bool):
-    """The stages as one program: pack (K, V padded; g and the gates in float32; a per-head g
-    broadcast over K), the kernels, unpack. gates: (beta [B, T, HV],) or (b [B, T, HV, K],
-    w [B, T, HV, V])."""
+@functools.partial(jax.jit, static_argnums=(7,))
+def _chunk_delta_rule(q, k, v, g, gates, initial_state, layout: ChunkLayout, cfg: KernelConfig):
+    """The stages as one program: pack (K, V padded; g and the gates in float32), the kernels,
+    unpack. gates: (beta [B, T, HV],) or (b [B, T, HV, K], w [B, T, HV, V])."""
     qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
-    g = g.astype(jnp.float32)
-    if per_head:
-        g = jnp.broadcast_to(g[..., None], g.shape + (cfg.K_in,))
-    gp = layout.pack(g, cfg.K)
+    gp = layout.pack(g.astype(jnp.float32), cfg.K)
     if len(gates) == 1:
         gates_p = (layout.pack(gates[0].astype(jnp.float32)[..., None]),)
     else:

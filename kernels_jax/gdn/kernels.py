@@ -1,10 +1,12 @@
-"""GDN's chunk stages as Pallas TPU kernels, one pallas_call per FLA stage function (stages.py
-adapts FLA's calling convention to them).
+"""GDN's chunk stages as Pallas TPU kernels, one pallas_call per FLA stage function: the op's kernels
+(chunk.py calls them in FLA's order) and its stage cases' (stages.py adapts FLA's calling
+convention to them).
 
-Layout (kernels_jax/common/layout.py, built by stages.py): tokens packed per value head, chunk
-aligned, P = NT * C slots: q, k, w, dq, dk, dw [HV, P, K] (q, k repeated to the HV value heads);
-v, u, v_new, o, do, dv, dv2 [HV, P, V]; beta, db, dg [HV, P, 1]; A [HV, P, C] (row: slot,
-column: position in the chunk); states h, dh [HV, NT, K, V]; h0, ht, dht, dh0 [N, HV, K, V].
+Layout (kernels_jax/common/layout.py): tokens packed per head, chunk aligned, P = NT * C slots:
+q, k [H, P, K] (value head h reads q, k head h // G through their index maps: FLA's grouped value
+heads, HV = G * H); w, dq, dk, dw [HV, P, K] (dq, dk per value head); v, u, v_new, o, do, dv,
+dv2 [HV, P, V]; beta, db, dg [HV, P, 1]; A [HV, P, C] (row: slot, column: position in the chunk);
+states h, dh [HV, NT, K, V]; h0, ht, dht, dh0 [N, HV, K, V].
 Gates: b [HV, P, 1] FLA's chunk-local cumulative log-decay in log2 units, as the stages get it,
 also passed as rows [HV, NT, 1, C]; a padding slot repeats its chunk's last real value (the
 chunk's decay is read from its last slot), and has k = q = v = beta = 0. Every decay is
@@ -70,6 +72,13 @@ class _Specs:
     def rows(self, d: int):
         return pl.BlockSpec((None, self.cfg.C, d), lambda h, c, *t: (h, self.chunk(c), 0))
 
+    def qk_rows(self):
+        """q or k [C, K] of value head h: the rows of q, k head h // G (lax.div: h >= 0, and Python's
+        // on a traced int lowers through sign, whose Mosaic rule asks for the default device)."""
+        G = self.cfg.G
+        head = (lambda h: h) if G == 1 else (lambda h: jax.lax.div(h, G))
+        return pl.BlockSpec((None, self.cfg.C, self.cfg.K), lambda h, c, *t: (head(h), self.chunk(c), 0))
+
     def brow(self):
         return pl.BlockSpec((None, None, 1, self.cfg.C), lambda h, c, *t: (h, self.chunk(c), 0, 0))
 
@@ -104,7 +113,7 @@ def _call(kernel, name, cfg, in_specs, out_specs, out_shape, semantics, *, table
         out_shape=out_shape,
         compiler_params=params(*semantics),
         interpret=interpret_mode(),
-        name=f"gdn_stage_{name}",
+        name=f"gdn_chunk_{name}",
         **kw,
     )
     return lambda *args: call(*tables, *args)
@@ -126,17 +135,17 @@ def _intra_kernel(k_ref, v_ref, beta_ref, bcol_ref, brow_ref, w_ref, u_ref, A_re
     u_ref[...] = dot(A, v * beta).astype(u_ref.dtype)
 
 
-def fwd_intra(k, v, beta, b, cfg: KernelConfig):
-    """k [HV, P, K], v [HV, P, V], beta, b [HV, P, 1] -> w [HV, P, K] in k's dtype, u [HV, P, V]
-    in v's dtype, A [HV, P, C] in k's dtype."""
+def fwd_intra(k, v, beta, b, cfg: KernelConfig, dtype=None):
+    """k [H, P, K], v [HV, P, V], beta, b [HV, P, 1] -> w [HV, P, K], u [HV, P, V], A [HV, P, C] in
+    dtype (default: w, A in k's, u in v's)."""
     s, (bc, br) = _Specs(cfg), _gates(b, cfg)
     K, V, C, HV, P = cfg.K, cfg.V, cfg.C, cfg.HV, cfg.slots
     out_shape = [
-        jax.ShapeDtypeStruct((HV, P, K), k.dtype),
-        jax.ShapeDtypeStruct((HV, P, V), v.dtype),
-        jax.ShapeDtypeStruct((HV, P, C), k.dtype),
+        jax.ShapeDtypeStruct((HV, P, K), dtype or k.dtype),
+        jax.ShapeDtypeStruct((HV, P, V), dtype or v.dtype),
+        jax.ShapeDtypeStruct((HV, P, C), dtype or k.dtype),
     ]
-    in_specs = [s.rows(K), s.rows(V), s.rows(1), s.rows(1), s.brow()]
+    in_specs = [s.qk_rows(), s.rows(V), s.rows(1), s.rows(1), s.brow()]
     out_specs = [s.rows(K), s.rows(V), s.rows(C)]
     call = _call(_intra_kernel, "fwd_intra", cfg, in_specs, out_specs, out_shape, ("parallel", "parallel"))
     return call(k, v, beta, bc, br)
@@ -168,19 +177,19 @@ def _fwd_h_kernel(seq_ref, first_ref, last_ref, k_ref, w_ref, u_ref, bcol_ref, b
         ht_ref[...] = S
 
 
-def fwd_h(k, w, u, b, h0, tables, cfg: KernelConfig):
-    """k, w [HV, P, K], u [HV, P, V], b [HV, P, 1], h0 [N, HV, K, V] or None, tables (seq, first,
-    last) -> h [HV, NT, K, V] in k's dtype (state before each chunk), v_new [HV, P, V] in u's
-    dtype, ht [N, HV, K, V] float32."""
+def fwd_h(k, w, u, b, h0, tables, cfg: KernelConfig, h_dtype=None):
+    """k [H, P, K], w [HV, P, K], u [HV, P, V], b [HV, P, 1], h0 [N, HV, K, V] or None, tables (seq,
+    first, last) -> h [HV, NT, K, V] in h_dtype (default k's; the state before each chunk), v_new
+    [HV, P, V] in u's dtype, ht [N, HV, K, V] float32."""
     s, (bc, br) = _Specs(cfg), _gates(b, cfg)
     K, V, HV, NT, N, P = cfg.K, cfg.V, cfg.HV, cfg.NT, cfg.N, cfg.slots
-    in_specs = [s.rows(K), s.rows(K), s.rows(V), s.rows(1), s.brow()]
+    in_specs = [s.qk_rows(), s.rows(K), s.rows(V), s.rows(1), s.brow()]
     args = [k, w, u, bc, br]
     if cfg.has_h0:
         in_specs.append(s.per_seq())
         args.append(h0)
     out_shape = [
-        jax.ShapeDtypeStruct((HV, NT, K, V), k.dtype),
+        jax.ShapeDtypeStruct((HV, NT, K, V), h_dtype or k.dtype),
         jax.ShapeDtypeStruct((HV, P, V), u.dtype),
         jax.ShapeDtypeStruct((N, HV, K, V), F32),
     ]
@@ -211,14 +220,14 @@ def _fwd_o_kernel(q_ref, k_ref, v_ref, h_ref, bcol_ref, brow_ref, o_ref, *, scal
     o_ref[...] = o.astype(o_ref.dtype)
 
 
-def fwd_o(q, k, v, h, b, cfg: KernelConfig):
-    """q, k [HV, P, K], v (v_new) [HV, P, V], h [HV, NT, K, V], b [HV, P, 1] -> o [HV, P, V] in
-    v's dtype."""
+def fwd_o(q, k, v, h, b, cfg: KernelConfig, o_dtype=None):
+    """q, k [H, P, K], v (v_new) [HV, P, V], h [HV, NT, K, V], b [HV, P, 1] -> o [HV, P, V] in
+    o_dtype (default v's)."""
     s, (bc, br) = _Specs(cfg), _gates(b, cfg)
-    K, V = cfg.K, cfg.V
+    V = cfg.V
     kernel = functools.partial(_fwd_o_kernel, scale=cfg.scale)
-    in_specs = [s.rows(K), s.rows(K), s.rows(V), s.state(), s.rows(1), s.brow()]
-    out_shape = jax.ShapeDtypeStruct(v.shape, v.dtype)
+    in_specs = [s.qk_rows(), s.qk_rows(), s.rows(V), s.state(), s.rows(1), s.brow()]
+    out_shape = jax.ShapeDtypeStruct(v.shape, o_dtype or v.dtype)
     return _call(kernel, "fwd_o", cfg, in_specs, s.rows(V), out_shape, ("parallel", "parallel"))(q, k, v, h, bc, br)
 
 
@@ -230,13 +239,13 @@ def _dv_local_kernel(q_ref, k_ref, do_ref, bcol_ref, brow_ref, dv_ref, *, scale)
     dv_ref[...] = (scale * dot(scores_t, _f32(do_ref))).astype(dv_ref.dtype)
 
 
-def bwd_dv_local(q, k, do, b, cfg: KernelConfig):
-    """q, k [HV, P, K], do [HV, P, V], b [HV, P, 1] -> dv [HV, P, V] in do's dtype."""
+def bwd_dv_local(q, k, do, b, cfg: KernelConfig, dv_dtype=None):
+    """q, k [H, P, K], do [HV, P, V], b [HV, P, 1] -> dv [HV, P, V] in dv_dtype (default do's)."""
     s, (bc, br) = _Specs(cfg), _gates(b, cfg)
-    K, V = cfg.K, cfg.V
+    V = cfg.V
     kernel = functools.partial(_dv_local_kernel, scale=cfg.scale)
-    in_specs = [s.rows(K), s.rows(K), s.rows(V), s.rows(1), s.brow()]
-    out_shape = jax.ShapeDtypeStruct(do.shape, do.dtype)
+    in_specs = [s.qk_rows(), s.qk_rows(), s.rows(V), s.rows(1), s.brow()]
+    out_shape = jax.ShapeDtypeStruct(do.shape, dv_dtype or do.dtype)
     return _call(kernel, "bwd_dv_local", cfg, in_specs, s.rows(V), out_shape, ("parallel", "parallel"))(
         q, k, do, bc, br
     )
@@ -291,15 +300,15 @@ def _bwd_dhu_kernel(
             dh0_ref[...] = dS
 
 
-def bwd_dhu(q, k, w, do, dv, b, dht, tables, cfg: KernelConfig):
-    """q, k, w [HV, P, K], do, dv [HV, P, V], b [HV, P, 1], dht [N, HV, K, V] (zeros: none) ->
-    dh [HV, NT, K, V] in q's dtype, dv2 [HV, P, V] in dv's dtype, dh0 [N, HV, K, V] float32 (or
-    None without h0)."""
+def bwd_dhu(q, k, w, do, dv, b, dht, tables, cfg: KernelConfig, dh_dtype=None):
+    """q, k [H, P, K], w [HV, P, K], do, dv [HV, P, V], b [HV, P, 1], dht [N, HV, K, V] (zeros: none)
+    -> dh [HV, NT, K, V] in dh_dtype (default q's), dv2 [HV, P, V] in dv's dtype, dh0 [N, HV, K, V]
+    float32 (or None without h0)."""
     NT, K, V, HV, N = cfg.NT, cfg.K, cfg.V, cfg.HV, cfg.N
     s, (bc, br) = _Specs(cfg, chunk=lambda c: NT - 1 - c), _gates(b, cfg)
-    in_specs = [s.rows(K), s.rows(K), s.rows(K), s.rows(V), s.rows(V), s.rows(1), s.brow(), s.per_seq()]
+    in_specs = [s.qk_rows(), s.qk_rows(), s.rows(K), s.rows(V), s.rows(V), s.rows(1), s.brow(), s.per_seq()]
     out_specs = [s.state(), s.rows(V)]
-    out_shape = [jax.ShapeDtypeStruct((HV, NT, K, V), q.dtype), jax.ShapeDtypeStruct(dv.shape, dv.dtype)]
+    out_shape = [jax.ShapeDtypeStruct((HV, NT, K, V), dh_dtype or q.dtype), jax.ShapeDtypeStruct(dv.shape, dv.dtype)]
     if cfg.has_h0:
         out_specs.append(s.per_seq())
         out_shape.append(jax.ShapeDtypeStruct((N, HV, K, V), F32))
@@ -363,12 +372,12 @@ def _dqkwg_kernel(
 
 
 def bwd_dqkwg(q, k, v, do, dv, h, dh, b, length, cfg: KernelConfig, w_dtype):
-    """q, k [HV, P, K], v (v_new), do, dv (dv2) [HV, P, V], h, dh [HV, NT, K, V], b [HV, P, 1],
+    """q, k [H, P, K], v (v_new), do, dv (dv2) [HV, P, V], h, dh [HV, NT, K, V], b [HV, P, 1],
     length int32 [NT] (real slots per chunk) -> dq, dk [HV, P, K] float32 (per value head),
     dw [HV, P, K] in w_dtype, dg [HV, P, 1] float32."""
     s, (bc, br) = _Specs(cfg), _gates(b, cfg)
     K, V, HV, P = cfg.K, cfg.V, cfg.HV, cfg.slots
-    in_specs = [s.rows(K), s.rows(K), s.rows(V), s.rows(V), s.rows(V), s.state(), s.state(), s.rows(1), s.brow()]
+    in_specs = [s.qk_rows(), s.qk_rows(), s.rows(V), s.rows(V), s.rows(V), s.state(), s.state(), s.rows(1), s.brow()]
     out_shape = [
         jax.ShapeDtypeStruct((HV, P, K), F32),
         jax.ShapeDtypeStruct((HV, P, K), F32),
@@ -409,11 +418,11 @@ def _wy_kernel(k_ref, v_ref, beta_ref, A_ref, dw_ref, du_ref, bcol_ref, brow_ref
 
 
 def bwd_wy(k, v, beta, A, dw, du, b, cfg: KernelConfig):
-    """k, dw [HV, P, K], v, du [HV, P, V], beta, b [HV, P, 1], A [HV, P, C] -> dk2 [HV, P, K] float32
-    (per value head), dv [HV, P, V] in v's dtype, db, dg2 [HV, P, 1] float32."""
+    """k [H, P, K], dw [HV, P, K], v, du [HV, P, V], beta, b [HV, P, 1], A [HV, P, C] -> dk2 [HV, P, K]
+    float32 (per value head), dv [HV, P, V] in v's dtype, db, dg2 [HV, P, 1] float32."""
     s, (bc, br) = _Specs(cfg), _gates(b, cfg)
     K, V, C, HV, P = cfg.K, cfg.V, cfg.C, cfg.HV, cfg.slots
-    in_specs = [s.rows(K), s.rows(V), s.rows(1), s.rows(C), s.rows(K), s.rows(V), s.rows(1), s.brow()]
+    in_specs = [s.qk_rows(), s.rows(V), s.rows(1), s.rows(C), s.rows(K), s.rows(V), s.rows(1), s.brow()]
     out_shape = [
         jax.ShapeDtypeStruct((HV, P, K), F32),
         jax.ShapeDtypeStruct((HV, P, V), v.dtype),
