@@ -24,7 +24,7 @@ from parity.model import targets
 from tests.helpers import requires_libtpu
 
 GRADS = ("dq", "dk", "dv", "dg", "db", "dw", "dh0")
-KERNELS = ("gdn2_intra", "kda_recurrence_fwd", "kda_recurrence_bwd", "gdn2_chunk_grads")
+KERNELS = ("gdn2_intra", "gdn2_recurrence_fwd", "gdn2_recurrence_bwd", "gdn2_chunk_grads")
 
 
 def make_inputs(B, T, H, HV, K, V, N, dtype, seed=0):
@@ -140,8 +140,9 @@ def test_without_initial_or_final_state():
 
 def test_equals_kda_when_both_gates_are_beta():
     """b = beta 1_K, w = beta 1_V is KDA: chunk_gdn2 against chunk_kda (HV = 2 H, T off the
-    chunk). A_kk differs only in where beta multiplies (inside the sum over K or after it), so o,
-    ht and the gradients agree to float32 rounding; dbeta = sum_K db + sum_V dw."""
+    chunk), kernels written apart (GDN-2's WY form with the gates inside A_kk's sum; KDA's stage
+    kernels, FLA's split), so o, ht and the gradients agree to float32 rounding;
+    dbeta = sum_K db + sum_V dw."""
     B, T, H, HV, K, V = 1, 40, 1, 2, 16, 16
     x = make_inputs(B, T, H, HV, K, V, B, jnp.float32, seed=3)
     beta = x["b"][..., :1]

@@ -21,8 +21,11 @@ from parity.execute.backends.calling import run_jax
 from tests.helpers import assert_matches_oracle
 
 KERNELS = {
-    "kda": ("kda_intra", "kda_recurrence_fwd", "kda_recurrence_bwd", "kda_chunk_grads"),
-    "gdn": tuple(  # FLA's chunk_gated_delta_rule, one kernel per stage
+    # FLA's chunk_kda and chunk_gated_delta_rule, one kernel per stage
+    "kda": tuple(
+        f"kda_chunk_{s}" for s in ("fwd_intra", "fwd_h", "fwd_o", "bwd_dAv", "bwd_dhu", "bwd_wy", "bwd_intra")
+    ),
+    "gdn": tuple(
         f"gdn_chunk_{s}" for s in ("fwd_intra", "fwd_h", "fwd_o", "bwd_dv_local", "bwd_dhu", "bwd_dqkwg", "bwd_wy")
     ),
 }

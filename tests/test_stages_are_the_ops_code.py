@@ -17,12 +17,6 @@ from parity.execute.backends.stage_calling import case_program
 from parity.model.kernels import PALLAS_STAGES, XLA_STAGES, pallas_kernel
 
 OP_CASE = "{op}-fwdbwd-B1-T64-H2-K32-V32-fp32-C32-g_logsig-h0-ht"
-NOT_YET = {
-    op: pytest.mark.xfail(
-        strict=True, reason=f"issue 53: {op}'s op runs kernels of its own, not its stage kernels (kernels_jax/{op})"
-    )
-    for op in ("kda",)
-}
 
 
 def pallas_calls(case: Case) -> set[str]:
@@ -45,7 +39,7 @@ def pallas_calls(case: Case) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("op", [pytest.param(op, marks=NOT_YET.get(op, ())) for op in STAGE_ORDER])
+@pytest.mark.parametrize("op", list(STAGE_ORDER))
 def test_every_stage_kernel_is_one_its_op_runs(op):
     case = Case.from_id(OP_CASE.format(op=op))
     op_kernels = pallas_calls(case)

@@ -1,19 +1,21 @@
-"""chunk_kda: Kimi Delta Attention by chunks, Pallas TPU kernels forward and backward.
+"""chunk_kda: Kimi Delta Attention by chunks (FLA's chunk_kda), the op as calls to its stage kernels.
 
-Recurrence (references/kda.py), per sequence and head, state S [K, V]:
+Recurrence (references/kda.py), per sequence and value head, state S [K, V]:
     S' = diag(exp(g_t)) S_{t-1};  S_t = S' + (beta_t k_t)^T (v_t - k_t S');  o_t = scale q_t S_t
 q and k are used as given (callers L2-normalise them, as FLA's chunk_kda expects by default).
-
-Chunked form, per chunk with chunk-start state S and G = chunk-local cumsum of g:
-    W, U  = (I + diag(beta) A_kk)^-1 (beta k exp(G)), (...)^-1 (beta v)   (intra kernel)
-    v_new = U - W S;  o = scale ((q exp(G)) S + A_qk v_new)
-    S_end = diag(exp(G_last)) S + (k exp(G_last - G))^T v_new            (recurrence kernel)
-Backward (jax.custom_vjp): recompute the forward factors and states, run the state gradient
-backwards over chunks, then every per-chunk gradient in parallel (kernels.py).
-Grouped value heads (HV = G * H): the kernels run per value head h and read q, k head h // G
-through their index maps; dq, dk are summed over each group here. GDN-2 (kernels_jax/gdn2)
-splits beta into a per-K-channel erase gate b (beta k -> b k) and a per-V-channel write gate w
-(beta v -> w v), `channel_gated_delta_rule`.
+Per chunk, with gk = chunk-local cumsum(g) / ln 2 (log2 units, as FLA's):
+    forward   gk = local_cumsum(g); w, u, kg, Aqk, Akk = fwd_intra(q, k, v, gk, beta);
+              h, v_new, ht = fwd_h(kg, w, u, gk, h0); o = fwd_o(q, v_new, gk, Aqk, h)
+    backward  dAqk, dv = bwd_dAv(v_new, do, Aqk);
+              dh, dh0, dv = bwd_dhu(q exp2(gk), kg, w, gk, dht, do, dv);
+              dq, dk, dv, db, dg, dAkk = bwd_wy(q, k, v, v_new, gk, beta, Akk, h, do, dh, dv);
+              dq, dk, db, dg = bwd_intra(q, k, gk, beta, dAqk, dAkk, dq, dk, db, dg);
+              dg of the op's g: the reverse chunk-local cumsum of dg
+Each stage is one Pallas kernel of kernels.py (local_cumsum: a compensated jnp scan), the same
+functions the stage cases run through stages.py. The intermediates (w, u, kg, Aqk, Akk, h, v_new
+and the backward's dv, dh) stay float32 (FLA keeps them in the input dtype). Grouped value heads
+(HV = G * H): the kernels run per value head and read q, k head h // G; dq, dk are summed over
+each group here.
 """
 
 from __future__ import annotations
@@ -25,51 +27,54 @@ import jax.numpy as jnp
 
 from kernels_jax.common.config import KernelConfig, prepare
 from kernels_jax.common.layout import ChunkLayout
+from kernels_jax.common.stage_layout import RCP_LN2, packed_local_cumsum
 
 from . import kernels
+from .chunk_math import F32
 
 ALIGN = 8  # head dims padded to whole sublanes
 
 
-# ---------------------------------------------------------------- custom_vjp core
-# gates: (beta [HV, P, 1],) for kda and gdn, (b [HV, P, K], w [HV, P, V]) for gdn2 (kernels.py)
-def _forward(q, k, v, g, gates, h0, seq, first, last, cfg: KernelConfig, *, store_states: bool):
-    """-> o, v_new, h (or None), ht, (W, A_qk)."""
-    W, U, A_qk = kernels.intra(q, k, v, g, gates, cfg)
-    outs = kernels.recurrence_fwd(
-        q, k, g, W, U, A_qk, h0, (seq, first, last), cfg, out_dtype=q.dtype, store_states=store_states
-    )
-    o, vn, h, ht = outs if store_states else (outs[0], outs[1], None, outs[2])
-    return o, vn, h, ht, (W, A_qk)
+# ---------------------------------------------------------------- autodiff
+# packed layout: q, k [H, P, K]; v [HV, P, V]; g [HV, P, K], beta [HV, P, 1], h0 [N, HV, K, V]
+# float32; tables (seq, first, last, length) int32 [NT]
+def _forward(q, k, v, g, beta, h0, tables, cfg: KernelConfig):
+    """-> o [HV, P, V] in q's dtype, ht [N, HV, K, V], what the backward reads."""
+    gk = packed_local_cumsum(g, cfg.C, RCP_LN2)
+    w, u, kg, Aqk, Akk = kernels.intra(q, k, v, gk, beta, tables, cfg, F32)
+    h, vn, ht = kernels.fwd_h(kg, w, u, gk, h0, tables, cfg, F32)
+    o = kernels.fwd_o(q, vn, gk, Aqk, h, tables, cfg).astype(q.dtype)
+    return o, ht, (gk, w, kg, Aqk, Akk, h, vn)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def _kda_core(q, k, v, g, gates, h0, seq, first, last, cfg: KernelConfig):
-    """Packed layout (kernels.py). -> o [HV, P, V] in q's dtype, ht [N, HV, K, V] float32."""
-    o, _, _, ht, _ = _forward(q, k, v, g, gates, h0, seq, first, last, cfg, store_states=False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
+def _kda_packed(q, k, v, g, beta, h0, seq, first, last, length, cfg: KernelConfig):
+    """Packed forward -> (o [HV, P, V], ht [N, HV, K, V])."""
+    o, ht, _ = _forward(q, k, v, g, beta, h0, (seq, first, last, length), cfg)
     return o, ht
 
 
-def _kda_core_fwd(q, k, v, g, gates, h0, seq, first, last, cfg):
-    """Keeps the chunk factors W, A_qk, v_new and the chunk-start states h for the backward."""
-    o, vn, h, ht, (W, A_qk) = _forward(q, k, v, g, gates, h0, seq, first, last, cfg, store_states=True)
-    return (o, ht), (q, k, v, g, gates, (seq, first, last), W, A_qk, vn, h)
+def _kda_packed_fwd(q, k, v, g, beta, h0, seq, first, last, length, cfg):
+    tables = (seq, first, last, length)
+    o, ht, saved = _forward(q, k, v, g, beta, h0, tables, cfg)
+    return (o, ht), (q, k, v, beta, saved, tables)
 
 
-def _kda_core_bwd(cfg, residuals, cotangents):
-    """From the forward's factors and chunk states: the state gradient backwards over chunks,
-    then every per-chunk gradient. -> dq, dk, dv, dg, (dbeta,) or (db, dw), dh0."""
-    q, k, v, g, gates, tables, W, A_qk, vn, h = residuals
+def _kda_packed_bwd(cfg, residuals, cotangents):
+    q, k, v, beta, (gk, w, kg, Aqk, Akk, h, vn), tables = residuals
     do, dht = cotangents
-    dvn, dh, dh0 = kernels.recurrence_bwd(q, k, g, W, A_qk, do, dht.astype(jnp.float32), tables, cfg)
-    dq, dk, dv, dg, *dgates = kernels.chunk_grads(q, k, v, g, gates, h, dh, vn, dvn, do, cfg)
+    dAqk, dv = kernels.bwd_dAv(vn, do, Aqk, tables, cfg, F32)
+    qg = jnp.repeat(q, cfg.G, axis=0) * kernels.exp2(gk)  # [HV, P, K], as FLA's backward recomputes it
+    dh, dh0, dv = kernels.bwd_dhu(qg, kg, w, gk, dht.astype(F32), do, dv, tables, cfg, F32)
+    dq, dk, dv, db, dg, dAkk = kernels.bwd_wy(q, k, v, vn, gk, beta, Akk, h, do, dh, dv, tables, cfg)
+    dq, dk, db, dg = kernels.bwd_intra(q, k, gk, beta, dAqk, dAkk, dq, dk, db, dg, tables, cfg)
+    dg = packed_local_cumsum(dg, cfg.C, reverse=True)  # w.r.t. the cumsum -> w.r.t. g
     # per value head [HV, P, K] -> per q, k head [H, P, K]: the sum over its G value heads
     dq, dk = (x.reshape((cfg.H, cfg.G) + x.shape[1:]).sum(1) for x in (dq, dk))
-    # g, the gates and h0 are float32 in the packed layout (chunk_kda casts them)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, tuple(dgates), dh0, None, None, None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv, dg, db, dh0, None, None, None, None
 
 
-_kda_core.defvjp(_kda_core_fwd, _kda_core_bwd)
+_kda_packed.defvjp(_kda_packed_fwd, _kda_packed_bwd)
 
 
 # ---------------------------------------------------------------- public entry point
@@ -98,45 +103,24 @@ def chunk_kda(
         cu_seqlens=cu_seqlens,
         chunk_size=chunk_size,
     )
-    o, ht = _chunk_delta_rule(q, k, v, g, (beta,), initial_state, layout, cfg)
-    return o, (ht if output_final_state else None)
-
-
-def channel_gated_delta_rule(q, k, v, g, b, w, scale, initial_state, output_final_state, cu_seqlens, chunk_size):
-    """GDN-2 by the KDA kernels: erase gate b [B, T, HV, K] on the keys, write gate w [B, T, HV, V]
-    on the values (kernels_jax/gdn2). -> (o, final_state or None)."""
-    layout, cfg = prepare(
-        "gdn2",
-        q,
-        k,
-        v,
-        align=ALIGN,
-        g=g,
-        b=b,
-        w=w,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        chunk_size=chunk_size,
-    )
-    o, ht = _chunk_delta_rule(q, k, v, g, (b, w), initial_state, layout, cfg)
+    o, ht = _chunk_kda_jit(q, k, v, g, beta, initial_state, layout, cfg)
     return o, (ht if output_final_state else None)
 
 
 @functools.partial(jax.jit, static_argnums=(7,))
-def _chunk_delta_rule(q, k, v, g, gates, initial_state, layout: ChunkLayout, cfg: KernelConfig):
-    """The stages as one program: pack (K, V padded; g and the gates in float32), the kernels,
-    unpack. gates: (beta [B, T, HV],) or (b [B, T, HV, K], w [B, T, HV, V])."""
-    qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
-    gp = layout.pack(g.astype(jnp.float32), cfg.K)
-    if len(gates) == 1:
-        gates_p = (layout.pack(gates[0].astype(jnp.float32)[..., None]),)
-    else:
-        b, w = gates
-        gates_p = (layout.pack(b.astype(jnp.float32), cfg.K), layout.pack(w.astype(jnp.float32), cfg.V))
-    h0 = (
-        jnp.zeros((cfg.N, cfg.HV, cfg.K, cfg.V), jnp.float32) if initial_state is None else cfg.pad_state(initial_state)
+def _chunk_kda_jit(q, k, v, g, beta, initial_state, layout: ChunkLayout, cfg: KernelConfig):
+    """The stages as one program: pack (K, V padded; g and beta in float32), the stages, unpack.
+    -> (o [B, T, HV, V], final_state [N, HV, K, V] float32)."""
+    h0 = jnp.zeros((cfg.N, cfg.HV, cfg.K, cfg.V), F32) if initial_state is None else cfg.pad_state(initial_state)
+    o, ht = _kda_packed(
+        layout.pack(q, cfg.K),
+        layout.pack(k, cfg.K),
+        layout.pack(v, cfg.V),
+        layout.pack(g.astype(F32), cfg.K),
+        layout.pack(beta.astype(F32)[..., None]),
+        h0,
+        *layout.tables(),
+        jnp.asarray(layout.length, jnp.int32),
+        cfg,
     )
-    o, ht = _kda_core(qp, kp, vp, gp, gates_p, h0, *layout.tables(), cfg)
     return layout.unpack(o, cfg.V_in), cfg.cut_state(ht)

@@ -1,4 +1,5 @@
-"""Per-chunk KDA math on VMEM values, shared by the forward and backward Pallas kernels.
+"""Per-chunk delta-rule math on VMEM values: the helpers of KDA's and GDN's kernels (iota, transpose,
+the unit lower inverse, masks, loops) and GDN-2's WY form (kernels_jax/gdn2/kernels.py).
 
 Everything here is float32, 2-D and built from matmuls, iota masks, exp, where and
 reductions, so it lowers to Mosaic. One chunk of C tokens, K key channels, V value channels:
@@ -171,12 +172,10 @@ def causal_mask(C, strict: bool):
     return r > c if strict else r >= c
 
 
-def wy_factors(A_kk, k, decay, erase, *, rows_gated: bool = True):
-    """(Inv, X) with X = erase * k * exp(G), so that W = Inv @ X. A_kk [C, C] strictly lower;
-    k, decay = exp(G) [C, K]; erase: KDA's beta [C, 1], which also scales A_kk's rows
-    (rows_gated: Inv = (I + diag(beta) A_kk)^-1), or GDN-2's erase gate b [C, K], already inside
-    A_kk through its keys b * k (rows_gated False: Inv = (I + A_kk)^-1)."""
-    return unit_lower_inverse(erase * A_kk if rows_gated else A_kk), erase * k * decay
+def wy_factors(A_kk, k, decay, erase):
+    """(Inv, X) with Inv = (I + A_kk)^-1 and X = erase * k * exp(G), so that W = Inv @ X. A_kk
+    [C, C] strictly lower, built from the keys b * k; k, decay = exp(G), erase (GDN-2's b) [C, K]."""
+    return unit_lower_inverse(A_kk), erase * k * decay
 
 
 def chunk_decays(g):

@@ -1,6 +1,7 @@
 """KDA's chunk stages under FLA 0.6.0's names and keyword calling convention (cases/stages/kda.py).
 
-Each stage runs one Pallas kernel of stage_kernels.py: a thin adapter that plans the layout on
+Each stage runs one Pallas kernel of kernels.py, the op's own (chunk.py calls the same functions):
+a thin adapter that plans the layout on
 the host (kernels_jax/common/config.prepare; cu_seqlens must be concrete), packs FLA's
 [B, T, heads, D] tensors into the kernels' head-major chunk layout [heads, NT * C, D] (head dims
 padded as chunk_kda pads them) and converts the results back, in FLA's dtypes. chunk_local_cumsum
@@ -34,13 +35,9 @@ from kernels_jax.common.stage_layout import (
     states_out,
 )
 
-from . import kernels as op_kernels
-from . import stage_kernels as kernels
+from . import kernels
 from .chunk import ALIGN
-
-F32 = jnp.float32
-LN2 = float(np.log(2.0))
-
+from .chunk_math import F32
 
 # ---------------------------------------------------------------------------------------------
 # host-side planning
@@ -113,9 +110,8 @@ def chunk_kda_fwd_intra(
 ):
     """q, k [B, T, H, K], v [B, T, HV, V], gk [B, T, HV, K] (log2 cumsum), beta [B, T, HV] ->
     (w [B, T, HV, K], u [B, T, HV, V], None (qg: FLA stores it only with disable_recompute),
-    kg [B, T, HV, K], Aqk, Akk [B, T, HV, C]) in k's dtype (u in v's). safe_gate is accepted and
-    changes nothing (the kernel forms each decay exactly). Kernels: stage_kernels.intra, and the
-    op's own intra (kernels.py) for w and u."""
+    kg [B, T, HV, K], Aqk, Akk [B, T, HV, C]) in k's dtype. safe_gate is accepted and changes
+    nothing (the kernel forms each decay exactly). Kernel: kernels.intra."""
     if disable_recompute:
         raise ValueError("kda chunk_kda_fwd_intra: disable_recompute=True (qg) is not supported by this port")
     p = _plan_for("chunk_kda_fwd_intra", q, v, gk, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
@@ -125,15 +121,9 @@ def chunk_kda_fwd_intra(
 
 @functools.partial(jax.jit, static_argnums=(9,))
 def _fwd_intra(q, k, v, gk, beta, layout, gate_src, keep, tables, cfg: KernelConfig):
-    """kg, Aqk, Akk from stage_kernels.intra; the WY factors w, u from the op's own intra kernel
-    (kernels.py, which KDA's recurrence reads them from), on the per-token log-decays the cumsum
-    came from: a bug in the op's WY solve shows in this stage."""
     qp, kp, vp = layout.pack(q, cfg.K), layout.pack(k, cfg.K), layout.pack(v, cfg.V)
     gc, bp = gate_slots(gk, layout, gate_src, cfg.K), _beta(beta, layout)
-    _, _, kg, Aqk, Akk = kernels.intra(qp, kp, vp, gc, bp, tables, cfg, k.dtype)
-    g = jnp.diff(gc.reshape(cfg.HV, -1, cfg.C, cfg.K) * LN2, axis=2, prepend=0.0).reshape(gc.shape)  # 0 on padding
-    W, U, _ = op_kernels.intra(qp, kp, vp, g, (bp,), cfg)
-    w, u = W.astype(k.dtype), U.astype(v.dtype)
+    w, u, kg, Aqk, Akk = kernels.intra(qp, kp, vp, gc, bp, tables, cfg, k.dtype)
     K, V, C = cfg.K_in, cfg.V_in, cfg.C
     return tuple(layout.unpack(x, d) for x, d in ((w, K), (u, V), (kg, K), (Aqk, C), (Akk, C)))
 
@@ -158,7 +148,7 @@ def chunk_gated_delta_rule_fwd_h(
     """k (kg), w [B, T, HV, K], u [B, T, HV, V], gk [B, T, HV, K] (log2 cumsum), initial_state
     [N, HV, K, V] or None -> (h [B, NT, HV, K, V] in k's dtype: the state before each chunk,
     v_new [B, T, HV, V] in u's dtype, ht [N, HV, K, V] float32 or None unless
-    output_final_state). Kernel: stage_kernels.fwd_h."""
+    output_final_state). Kernel: kernels.fwd_h."""
     _only_gk("chunk_gated_delta_rule_fwd_h", g, gk, state_v_first)
     p = _plan_for(
         "chunk_gated_delta_rule_fwd_h", k, u, gk, h0=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size
@@ -196,7 +186,7 @@ def _fwd_h(kg, w, u, gk, h0, layout, gate_src, keep, tables, cfg: KernelConfig):
 def chunk_gla_fwd_o_gk(q, v, g, A, h, scale, state_v_first=False, cu_seqlens=None, chunk_size=64, **unused):
     """q [B, T, H, K], v (v_new) [B, T, HV, V], g [B, T, HV, K] (log2 cumsum), A (Aqk)
     [B, T, HV, C], h [B, NT, HV, K, V] -> o [B, T, HV, V] in v's dtype. Kernel:
-    stage_kernels.fwd_o."""
+    kernels.fwd_o."""
     _only_gk("chunk_gla_fwd_o_gk", None, g, state_v_first)
     p = _plan_for("chunk_gla_fwd_o_gk", q, v, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return _fwd_o(q, v, g, A, h, *_args(p))
@@ -223,7 +213,7 @@ def _fwd_o(q, v, g, A, h, layout, gate_src, keep, tables, cfg: KernelConfig):
 def chunk_kda_bwd_dAv(q, k, v, do, A=None, scale=None, cu_seqlens=None, chunk_size=64, **unused):
     """q, k [B, T, H, K] (unused, as in FLA), v (v_new), do [B, T, HV, V], A (Aqk) [B, T, HV, C]
     -> (dAqk [B, T, HV, C] float32: scale do_i . v_j for j <= i, dv [B, T, HV, V] in do's dtype:
-    tril(A)^T do). Kernel: stage_kernels.bwd_dAv."""
+    tril(A)^T do). Kernel: kernels.bwd_dAv."""
     B, T, HV, C = A.shape
     zero_gate = np.broadcast_to(np.float32(0.0), (B, T, HV, k.shape[3]))  # no gate: only validated
     p = _plan_for("chunk_kda_bwd_dAv", q, v, zero_gate, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
@@ -260,7 +250,7 @@ def chunk_gated_delta_rule_bwd_dhu(
     [N, HV, K, V] or None (only whether dh0 is wanted), dht [N, HV, K, V] or None (zeros) ->
     (dh [B, NT, HV, K, V] in q's dtype: the gradient w.r.t. the state after each chunk,
     dh0 [N, HV, K, V] float32 or None without h0, dv [B, T, HV, V] in dv's dtype: dv + kg dh).
-    Kernel: stage_kernels.bwd_dhu."""
+    Kernel: kernels.bwd_dhu."""
     _only_gk("chunk_gated_delta_rule_bwd_dhu", g, gk, state_v_first)
     p = _plan_for(
         "chunk_gated_delta_rule_bwd_dhu", q, do, gk, scale=scale, h0=h0, cu_seqlens=cu_seqlens, chunk_size=chunk_size
@@ -298,7 +288,7 @@ def chunk_kda_bwd_wy_dqkg_fused(
     """q, k [B, T, H, K], v, v_new, do, dv [B, T, HV, V], g [B, T, HV, K] (log2 cumsum), beta
     [B, T, HV], A (Akk) [B, T, HV, C], h, dh [B, NT, HV, K, V] -> (dq, dk [B, T, HV, K] float32,
     dv [B, T, HV, V] in v's dtype, db [B, T, HV] float32, dg [B, T, HV, K] float32, dAkk
-    [B, T, HV, C] float32). Kernel: stage_kernels.bwd_wy."""
+    [B, T, HV, C] float32). Kernel: kernels.bwd_wy."""
     _only_gk("chunk_kda_bwd_wy_dqkg_fused", None, g, state_v_first)
     p = _plan_for("chunk_kda_bwd_wy_dqkg_fused", q, v, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return _bwd_wy(q, k, v, v_new, g, beta, A, h, do, dh, dv, *_args(p))
@@ -343,7 +333,7 @@ def chunk_kda_bwd_intra(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, cu_seqlens=No
     """q, k [B, T, H, K], g [B, T, HV, K] (log2 cumsum), beta, db [B, T, HV], dAqk, dAkk
     [B, T, HV, C] (lower triangles read), dq, dk, dg [B, T, HV, K] -> (dq, dk [B, T, HV, K],
     db [B, T, HV], dg [B, T, HV, K]) float32: the inputs plus the intra-chunk gradients through
-    Aqk and Akk. safe_gate is accepted and changes nothing. Kernel: stage_kernels.bwd_intra."""
+    Aqk and Akk. safe_gate is accepted and changes nothing. Kernel: kernels.bwd_intra."""
     v_like = jax.ShapeDtypeStruct(g.shape, q.dtype)  # no values: only HV (V unused)
     p = _plan_for("chunk_kda_bwd_intra", q, v_like, g, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return _bwd_intra(q, k, g, beta, dAqk, dAkk, dq, dk, db, dg, *_args(p))

@@ -411,7 +411,7 @@ SUITE_MUTANTS: tuple[Mutant, ...] = (
         "kda-beta-keys-only",
         "kda",
         "pallas",
-        patches=(Patch("kernels_jax.kda.kernels", "dot(inv, write * v)", "dot(inv, v)"),),
+        patches=(Patch("kernels_jax.kda.kernels", "dot(inv, v * beta)", "dot(inv, v)"),),
         what="kda: beta applied to the keys but not to the values in the WY solve",
         witness="kda-fwd-B1-T64-H2-K64-V64-fp32-C64-g_logsig",
         stage="fwd_intra",
