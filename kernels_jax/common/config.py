@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from .layout import ChunkLayout, padded_dim, plan
@@ -61,6 +62,16 @@ class KernelConfig:
     def G(self) -> int:
         """Value heads per q, k head."""
         return self.HV // self.H
+
+    def qk_head(self, h):
+        """The q, k head that value head h (a grid index) reads: h // G, as lax.div (h >= 0): Python's
+        // on a traced int is a floor division, lowered through sign, whose Mosaic rule asks
+        get_tpu_info() for the default device."""
+        return h if self.G == 1 else jax.lax.div(h, self.G)
+
+    def sum_groups(self, x):
+        """x [HV, ...] per value head -> [H, ...]: the sum over each q, k head's G value heads."""
+        return x.reshape((self.H, self.G) + x.shape[1:]).sum(1)
 
     @property
     def nk(self) -> int:

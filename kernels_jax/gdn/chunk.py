@@ -65,8 +65,7 @@ def _gdn_packed_bwd(cfg, residuals, cotangents):
     dq, dk, dw, dg = kernels.bwd_dqkwg(q, k, vn, do, dv2, h, dh, b, length, cfg, F32)
     dk2, dv, dbeta, dg2 = kernels.bwd_wy(k, v, beta, A, dw, dv2, b, cfg)
     dg = packed_local_cumsum(dg + dg2, cfg.C, reverse=True)  # w.r.t. the cumsum -> w.r.t. g
-    # per value head [HV, P, K] -> per q, k head [H, P, K]: the sum over its G value heads
-    dq, dk = (x.reshape((cfg.H, cfg.G) + x.shape[1:]).sum(1) for x in (dq, dk + dk2))
+    dq, dk = cfg.sum_groups(dq), cfg.sum_groups(dk + dk2)  # per value head -> per q, k head
     return dq.astype(q.dtype), dk.astype(k.dtype), dv, dg, dbeta, dh0, None, None, None, None
 
 

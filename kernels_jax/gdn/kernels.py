@@ -73,11 +73,9 @@ class _Specs:
         return pl.BlockSpec((None, self.cfg.C, d), lambda h, c, *t: (h, self.chunk(c), 0))
 
     def qk_rows(self):
-        """q or k [C, K] of value head h: the rows of q, k head h // G (lax.div: h >= 0, and Python's
-        // on a traced int lowers through sign, whose Mosaic rule asks for the default device)."""
-        G = self.cfg.G
-        head = (lambda h: h) if G == 1 else (lambda h: jax.lax.div(h, G))
-        return pl.BlockSpec((None, self.cfg.C, self.cfg.K), lambda h, c, *t: (head(h), self.chunk(c), 0))
+        """q or k [C, K] of value head h: the rows of q, k head h // G (KernelConfig.qk_head)."""
+        cfg = self.cfg
+        return pl.BlockSpec((None, cfg.C, cfg.K), lambda h, c, *t: (cfg.qk_head(h), self.chunk(c), 0))
 
     def brow(self):
         return pl.BlockSpec((None, None, 1, self.cfg.C), lambda h, c, *t: (h, self.chunk(c), 0, 0))

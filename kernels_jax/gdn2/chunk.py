@@ -63,8 +63,7 @@ def _gdn2_core_bwd(cfg, residuals, cotangents):
     do, dht = cotangents
     dvn, dh, dh0 = kernels.recurrence_bwd(q, k, g, W, A_qk, do, dht.astype(jnp.float32), tables, cfg)
     dq, dk, dv, dg, db, dw = kernels.chunk_grads(q, k, v, g, b, w, h, dh, vn, dvn, do, cfg)
-    # per value head [HV, P, K] -> per q, k head [H, P, K]: the sum over its G value heads
-    dq, dk = (x.reshape((cfg.H, cfg.G) + x.shape[1:]).sum(1) for x in (dq, dk))
+    dq, dk = cfg.sum_groups(dq), cfg.sum_groups(dk)  # per value head -> per q, k head
     # g, the gates and h0 are float32 in the packed layout (chunk_gdn2 casts them)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg, db, dw, dh0, None, None, None
 

@@ -51,13 +51,11 @@ def _f32(ref):
 def _qk_rows(cfg: KernelConfig, chunk=None):
     """BlockSpec of a q or k chunk [C, K] for value head h: the rows of q, k head h // G. Grid
     (h, c); or, given chunk (grid c -> chunk), the recurrences' (h, iv, c, seq, first, last).
-    h >= 0, so h // G is lax.div's truncation: Python's // on a traced int is a floor division,
-    lowered through sign, whose Mosaic rule asks get_tpu_info() for the default device."""
-    C, K, G = cfg.C, cfg.K, cfg.G
-    head = (lambda h: h) if G == 1 else (lambda h: jax.lax.div(h, G))
+    (KernelConfig.qk_head)."""
+    C, K = cfg.C, cfg.K
     if chunk is None:
-        return pl.BlockSpec((None, C, K), lambda h, c: (head(h), c, 0))
-    return pl.BlockSpec((None, C, K), lambda h, iv, c, seq, first, last: (head(h), chunk(c), 0))
+        return pl.BlockSpec((None, C, K), lambda h, c: (cfg.qk_head(h), c, 0))
+    return pl.BlockSpec((None, C, K), lambda h, iv, c, seq, first, last: (cfg.qk_head(h), chunk(c), 0))
 
 
 # ---------------------------------------------------------------- intra-chunk (WY) kernel

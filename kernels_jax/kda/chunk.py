@@ -69,8 +69,7 @@ def _kda_packed_bwd(cfg, residuals, cotangents):
     dq, dk, dv, db, dg, dAkk = kernels.bwd_wy(q, k, v, vn, gk, beta, Akk, h, do, dh, dv, tables, cfg)
     dq, dk, db, dg = kernels.bwd_intra(q, k, gk, beta, dAqk, dAkk, dq, dk, db, dg, tables, cfg)
     dg = packed_local_cumsum(dg, cfg.C, reverse=True)  # w.r.t. the cumsum -> w.r.t. g
-    # per value head [HV, P, K] -> per q, k head [H, P, K]: the sum over its G value heads
-    dq, dk = (x.reshape((cfg.H, cfg.G) + x.shape[1:]).sum(1) for x in (dq, dk))
+    dq, dk = cfg.sum_groups(dq), cfg.sum_groups(dk)  # per value head -> per q, k head
     return dq.astype(q.dtype), dk.astype(k.dtype), dv, dg, db, dh0, None, None, None, None
 
 

@@ -93,11 +93,9 @@ def _pairs(xs, y, g):
 
 
 def _qk_spec(cfg: KernelConfig, index):
-    """BlockSpec of a q or k chunk [C, K] for value head h: rows of q, k head h // G (lax.div:
-    h >= 0). index(c, *tables) -> the chunk."""
-    G = cfg.G
-    head = (lambda h: h) if G == 1 else (lambda h: lax.div(h, G))
-    return pl.BlockSpec((None, cfg.C, cfg.K), lambda h, c, *t: (head(h), index(c, *t), 0))
+    """BlockSpec of a q or k chunk [C, K] for value head h: rows of q, k head h // G
+    (KernelConfig.qk_head). index(c, *tables) -> the chunk."""
+    return pl.BlockSpec((None, cfg.C, cfg.K), lambda h, c, *t: (cfg.qk_head(h), index(c, *t), 0))
 
 
 def _call(kernel, name, cfg, in_specs, inputs, outs, tables, semantics=("parallel", "parallel"), scratch=()):
