@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +75,29 @@ for cid in sys.argv[1:]:
     }
 print(json.dumps(out))
 """
+
+
+def triton_dir(version: str) -> Path | None:
+    """The directory Triton `version` is installed in for the tests (<venv>/pkgs/triton-<version>,
+    scripts/env.sh), None for the environment's own; fails, naming the set-up step, where that
+    version is not installed."""
+    if version == importlib.metadata.version("triton"):
+        return None
+    target = Path(sys.prefix) / "pkgs" / f"triton-{version}"
+    if not (target / "triton" / "__init__.py").is_file():
+        pytest.fail(
+            f"Triton {version} is not installed in {target}: scripts/env.sh installs it "
+            f"(pip install --no-deps --target {target} triton=={version})"
+        )
+    return target
+
+
+def triton_env(version: str) -> dict[str, str]:
+    """This process's environment, with Triton `version` first on PYTHONPATH (triton_dir)."""
+    env, target = dict(os.environ), triton_dir(version)
+    if target is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH")) if p)
+    return env
 
 
 def fla_in_a_process(case_ids, env: dict[str, str] | None = None) -> dict:

@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 if torch.cuda.is_available():
     pytest.skip("these tests check the CPU interpreter path; a CUDA device is visible", allow_module_level=True)
 
-from parity.execute.backends import triton_interpreter  # noqa: E402
+from parity.execute.backends import fla_configs, fla_launches, triton_interpreter  # noqa: E402
 
 triton_interpreter.enable()
 import triton  # noqa: E402
@@ -150,14 +150,25 @@ def _autotuned_kernel(x_ptr, n, BLOCK: tl.constexpr):
     tl.store(x_ptr + r, r * 0 + BLOCK, mask=r < n)
 
 
-def test_autotuner_takes_the_first_config_without_benchmarking():
+def test_autotuner_takes_the_rules_config_without_benchmarking(monkeypatch):
+    from triton.runtime.autotuner import Autotuner
+
+    fla_launches.install(interpreted=True)
+
+    def timed(*args, **kwargs):
+        raise AssertionError("a config was timed")
+
+    monkeypatch.setattr(Autotuner, "_bench", timed)
     x = torch.zeros(8, dtype=torch.int32)
-    _autotuned_kernel[(1,)](x, 8)  # benchmarking would need a GPU driver
+    with fla_launches.recording() as ran:
+        _autotuned_kernel[(1,)](x, 8)  # benchmarking would need a GPU driver
     assert x[:4].tolist() == [4] * 4 and x[4:].tolist() == [0] * 4
+    (launch,) = ran.launches.values()
+    assert (launch["chosen_by"], launch["meta"]["BLOCK"], launch["key"]) == ("rule", 4, ["8", "torch.int32"])
 
 
 def test_neutral_parameters_take_their_largest_values_and_nothing_else_changes():
-    from parity.execute.backends.triton_interpreter import choose_config
+    from parity.execute.backends.fla_configs import choose_config
 
     configs = [triton.Config({"BH": bh, "BT": bt}, num_warps=w) for bt in (16, 32) for bh in (1, 2, 8) for w in (1, 4)]
     chosen = choose_config("chunk_kda_fwd_kernel_intra_token_parallel", configs)
@@ -212,7 +223,7 @@ def test_neutral_parameters_change_no_bit_of_fla(monkeypatch, case, kernel, axis
     tuners()
     grids.clear()
     neutral = FlaBackend().run(case, inputs).tensors
-    monkeypatch.setattr(triton_interpreter, "NEUTRAL_PARAMS", {})
+    monkeypatch.setattr(fla_configs, "NEUTRAL_PARAMS", {})
     tuners()
     first = FlaBackend().run(case, inputs).tensors
     assert set(neutral) == set(first) == set(case.output_names()) - {"dg_gamma"}
@@ -291,15 +302,23 @@ def test_helpers_inside_a_kernel_reuse_the_launchs_patches_with_the_same_numbers
 
 
 def test_front_end_shortcuts_compute_the_same_bits(monkeypatch):
-    """Speed-up 6: the remembered numpy dtypes and the no-op broadcasts give FLA's kda (bf16
-    and float32 values, pointers, blocks and scalars) the same bits as triton's own front end."""
+    """Speed-up 6: the remembered numpy dtypes, the no-op broadcasts, the interned block types and
+    the tensors' shapes made once per type give FLA's kda (bf16 and float32 values, pointers, blocks
+    and scalars) the same bits as triton's own front end."""
+    import triton.language as tl
     from triton.language import semantic
     from triton.runtime import interpreter
 
     inputs = make_inputs(KDA_BF16)
     fast = FlaBackend().run(KDA_BF16, inputs).tensors
-    for owner, name in ((semantic.TritonSemantic, "broadcast_impl_value"), (interpreter, "_get_np_dtype")):
+    for owner, name in (
+        (semantic.TritonSemantic, "broadcast_impl_value"),
+        (interpreter, "_get_np_dtype"),
+        (tl.tensor, "__init__"),
+        (tl.block_type, "__init__"),
+    ):
         monkeypatch.setattr(owner, name, getattr(owner, name).original)  # AttributeError: not installed
+    monkeypatch.setattr(tl.block_type, "__new__", lambda cls, *a: object.__new__(cls))  # one per operation
     _same_bits(fast, FlaBackend().run(KDA_BF16, inputs).tensors, KDA_BF16)
 
 

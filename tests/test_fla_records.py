@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cases import Case
-from parity.execute.backends import execute, fla_lane, fla_launches, triton_interpreter
+from parity.execute.backends import execute, fla_configs, fla_lane, fla_launches, triton_interpreter
 from parity.execute.backends.fla import FlaBackend
 from parity.execute.backends.fla_lane_client import FALLBACK_ENV, KEY_ENV, LANES_ENV, lane_addresses
 from parity.model import environ
@@ -25,7 +25,7 @@ from tests.helpers import run
 triton_interpreter.request()  # before fla is imported (by the backend, in the tests)
 
 GATED = Case("simple_gla", 1, 64, 2, 64, 64, gate="g_logsig", h0=True, ht=True)
-CHOSEN_BY = {"autotune", "triton-cache", "fla-cache", "only-config", "interpreter", "pinned", "launch"}
+CHOSEN_BY = {*fla_configs.CHOSEN_BY, "launch"}
 
 
 def _fla_record(out, case=GATED) -> dict:
@@ -46,7 +46,7 @@ def test_the_record_names_each_launch_config_and_each_dispatched_backend(tmp_pat
         assert x["chosen_by"] in CHOSEN_BY and x["launches"] >= 1 and isinstance(x["meta"], dict), x
         assert x["num_warps"] is not None and x["num_stages"] is not None, x  # every FLA kernel is autotuned
     out_kernel = next(x for x in launches if x["kernel"] == "chunk_fwd_kernel_o")
-    assert out_kernel["chosen_by"] == "interpreter" and set(out_kernel["config_kwargs"]) == {"BK", "BV"}
+    assert out_kernel["chosen_by"] == "rule" and set(out_kernel["config_kwargs"]) == {"BK", "BV"}
     assert out_kernel["meta"]["BT"] == 64 and out_kernel["meta"]["K"] == 64
     # the functions fla.backends dispatches, each computed by FLA's own Triton function on this CPU
     # (chunk_bwd_dqkwg through the registry of the operation "common", #640's function)
@@ -83,8 +83,8 @@ def test_a_lane_gives_the_configs_and_bits_of_fla_in_this_process():
     same bits as FLA here; the record says where it ran."""
     inputs = case_inputs(GATED)
     here = FlaBackend().run_here(GATED, inputs)
-    with fla_lane.started(True, 1, False) as devices:
-        assert devices == ["cpu"]
+    with fla_lane.started(True, 1, False) as lanes:
+        assert lanes.devices == ["cpu"] and lanes.precompile is None  # the interpreter compiles nothing
         lane = FlaBackend().run(GATED, inputs)
     assert "FLA lane for cpu" in lane.notes["fla_lane"]
     assert lane.platform == here.platform == "cpu:triton-interpreter"
@@ -137,8 +137,8 @@ def test_a_case_cuda_refuses_goes_to_the_interpreter_lane_when_asked(tmp_path):
         "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated chunk_bwd_dqkwg (see #640)."
     )
     inputs = case_inputs(GATED)
-    with fla_lane.started(True, 1, False) as devices:  # an interpreter lane, as the fallback
-        assert devices == ["cpu"]
+    with fla_lane.started(True, 1, False) as lanes:  # an interpreter lane, as the fallback
+        assert lanes.devices == ["cpu"]
         interpreter_lane, key = lane_addresses()[0], bytes.fromhex(os.environ[KEY_ENV])
         address = str(tmp_path / "cuda-lane")
         threading.Thread(target=_refusing_lane, args=(address, key, refusal), daemon=True).start()
@@ -163,11 +163,14 @@ def test_bad_fla_lanes_are_refused(text):
         fla_lanes(text)
 
 
-def test_unknown_pins_leave_the_choice_to_the_autotuner(tmp_path, monkeypatch):
+def test_unknown_pins_leave_the_choice_to_the_table_or_the_rule(tmp_path, monkeypatch):
     pins = tmp_path / "pins.json"
     pins.write_text(json.dumps([{"kernel": "no_such_kernel", "meta": {}, "key": ["1"], "chosen_by": "autotune"}]))
-    monkeypatch.setenv(fla_launches.PINS_ENV, str(pins))
-    assert set(fla_launches.pins()) == {("no_such_kernel", ("1",))}
+    monkeypatch.setenv(environ.FLA_CONFIGS, str(pins))
+    source = fla_configs.source(None)
+    assert source.pins == pins and source.table == fla_configs.shipped_table(fla_configs.INTERPRETER_GPU)
+    assert set(fla_configs.read_pins(str(pins))) == {("no_such_kernel", ("1",))}
+    assert source.choose("no_such_kernel", (1,))[1] == "pinned" and source.choose("chunk_fwd_kernel_o", (1,)) is None
 
 
 def _hold_the_gpu_shared(lock: str, holding: str, released: str) -> None:

@@ -145,7 +145,7 @@ def test_a_session_without_parity_tests_imports_no_framework(pytester, monkeypat
         "             'parity.pytest_plugin.checks', 'parity.pytest_plugin.session',\n"
         "             'parity.model', 'parity.model.environ', 'parity.model.gpu', 'parity.model.host',\n"
         "             'parity.model.spec', 'parity.model.verdict', 'parity.model.options',\n"
-        "             'parity.model.option_error')\n"
+        "             'parity.model.option_error', 'parity.execute', 'parity.execute.interrupts')\n"
         "    names += sorted(m for m in sys.modules if m.startswith('parity.') and m not in light)\n"
         "    open('imported.txt', 'w').write(' '.join(names))\n"
     )

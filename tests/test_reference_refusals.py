@@ -123,7 +123,7 @@ def test_the_table_names_kernels_and_guards_installed_fla_has():
         (H200, "3.3.0", [launch(4)], False),
         (H200, "3.6.0", [launch(4, BT=32)], False),
         ("cpu:triton-interpreter", "3.6.0", [launch(4)], False),
-        (H200, "3.6.0", [launch(4, chosen_by="interpreter")], False),
+        (H200, "3.6.0", [launch(4, chosen_by="rule")], True),  # the rule on a GPU: wrong as any choice
         ("cuda:NVIDIA A100-SXM4-80GB", "3.6.0", [launch(4)], False),
         (H200, "3.6.0", [launch(4, module="fla.ops.kda.wy_fast", kernel="prepare_wy_repr_bwd_kda_kernel")], False),
     ],

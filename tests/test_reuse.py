@@ -19,7 +19,7 @@ import pytest
 
 from cases import Case
 from parity.execute import verified_cache
-from parity.execute.backends import Execution, execute, fla_cache, fla_launches
+from parity.execute.backends import Execution, execute, fla_cache
 from parity.model import environ
 from parity.model.inputs import case_inputs
 from parity.records import read_json, result_path
@@ -44,7 +44,7 @@ def cache(tmp_path, monkeypatch):
     """An empty cache of this test's own, nothing ignored, no pinned configs."""
     monkeypatch.setenv("PARITY_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PARITY_FRESH", raising=False)
-    monkeypatch.delenv(fla_launches.PINS_ENV, raising=False)
+    monkeypatch.delenv(environ.FLA_CONFIGS, raising=False)
     return tmp_path / "cache"
 
 
@@ -111,7 +111,7 @@ def test_a_change_of_the_pinned_configs_file_is_never_reused(stored, tmp_path, m
     pins = tmp_path / "pins.json"
     pins.write_text(json.dumps({"no_such_kernel": {"num_warps": 2}}))
     assert fla_cache.reused(CASE, x, HERE) is not None
-    monkeypatch.setenv(fla_launches.PINS_ENV, str(pins))
+    monkeypatch.setenv(environ.FLA_CONFIGS, str(pins))
     assert fla_cache.reused(CASE, x, HERE) is None  # pins where there were none
     fields = {f.name: getattr(first, f.name) for f in dataclasses.fields(Execution)}
     fla_cache.store(CASE, x, Execution(**fields), fla_cache.now())

@@ -12,16 +12,14 @@ scripts/env.sh first). Measured on this project's 2-core CPU machine: the case b
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import fla_in_a_process
+from tests.helpers import fla_in_a_process, triton_env
 
 torch = pytest.importorskip("torch")
 if torch.cuda.is_available():
@@ -34,22 +32,6 @@ OWN = importlib.metadata.version("triton")  # the environment's own (3.9.0 here)
 # constants (3.6 and 3.7's interpreter has no bf16 constant: get_bf16), the state kernels forward
 # and backward, with autotuned configs
 CASE = "simple_gla-fwdbwd-B1-T96-H2-K64-V64-bf16-C128-gamma_alibi"
-
-
-def triton_env(version: str) -> dict[str, str]:
-    """This process's environment, with Triton `version` first on PYTHONPATH unless it is the
-    environment's own; fails, naming the set-up step, where that version is not installed."""
-    env = dict(os.environ)
-    if version == OWN:
-        return env
-    target = Path(sys.prefix) / "pkgs" / f"triton-{version}"
-    if not (target / "triton" / "__init__.py").is_file():
-        pytest.fail(
-            f"Triton {version} is not installed in {target}: scripts/env.sh installs it "
-            f"(pip install --no-deps --target {target} triton=={version})"
-        )
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH")) if p)
-    return env
 
 
 @cache

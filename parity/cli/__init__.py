@@ -19,10 +19,12 @@ from pathlib import Path
 from cases import CaseError
 from parity.cli import calibrate, cases, compile, diff, fuzz, gate, localise, mutants, power, report, repro, run, watch
 from parity.cli.common import UsageError
+from parity.execute import interrupts
 from parity.judge.diff import DiffRefusal
 from parity.judge.gate import GateRefusal
+from parity.model import options
 from parity.model.host import keep_jax_on_the_cpu
-from parity.model.options import OptionError
+from parity.model.options import FLA_AUTOTUNE, OptionError
 from parity.records import RecordError
 
 COMMANDS = (
@@ -114,8 +116,11 @@ def _internal_error(a) -> str:
 def main(argv: list[str] | None = None) -> int:
     keep_jax_on_the_cpu()  # before anything imports jax; the workers and FLA's lanes inherit it
     a = build_parser().parse_args(argv)
+    a.kept = None  # what a command has kept so far, said if a signal ends it (set as it goes)
     try:
-        return a.fn(a)
+        with interrupts.terminated_as_interrupt():
+            options.fla_autotune(getattr(a, FLA_AUTOTUNE.dest, False))  # refused before anything runs
+            return a.fn(a)
     except OptionError as e:  # a value parity.model.options refused: named with this surface's flag
         print(f"parity {a.cmd}: {e.message('--')}", file=sys.stderr)
         return 2
@@ -128,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `parity cases | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        print(f"parity {a.cmd}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM (interrupts.Terminated), whenever it came
+        name = interrupts.signal_name(e)
+        print(f"parity {a.cmd}: interrupted by {name}" + (f"; kept: {a.kept}" if a.kept else ""), file=sys.stderr)
+        return interrupts.exit_status(name)
     except Exception as e:  # noqa: BLE001 - exit 3 with a pointer, never a traceback that looks like a result
         path = _internal_error(a)
         print(

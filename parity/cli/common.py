@@ -11,10 +11,11 @@ from pathlib import Path
 from cases import OPS, Case
 from cases.inputs import MAX_INPUT_BYTES, MAX_INPUT_ELEMENTS
 from parity.cli import args as check
+from parity.execute import interrupts
 from parity.execute.runner import RunConfig
 from parity.measure.compute_error import SEEDS_MAX, SEEDS_MIN
 from parity.model import options
-from parity.model.options import ALLOW_UNBOUNDED_REFERENCE, FRESH
+from parity.model.options import ALLOW_UNBOUNDED_REFERENCE, FLA_AUTOTUNE, FRESH
 from parity.model.spec import FRAMEWORKS
 from parity.model.targets import TARGETS
 
@@ -94,12 +95,15 @@ def fla_options(sp) -> None:
     )
     sp.add_argument(
         "--fla-configs",
-        metavar="FILE",
+        metavar="PATH",
         type=check.fla_configs,
         default=None,
-        help="pin FLA's autotuned kernels to the configs in FILE (an FLA record of an earlier run, or a list "
-        "of its notes.fla_launches), so two runs or machines run FLA alike",
+        help="the configs FLA's autotuned kernels run: a FILE pins them (an FLA record of an earlier run, or a "
+        "list of its notes.fla_launches), so two runs or machines run FLA alike; a DIR is an FLA config "
+        "table (KERNEL.json, FLA_CONFIG_DIR's format; default on CUDA: the table shipped for the GPU); keys "
+        "neither names run the rule's config (docs/fla-on-gpu.md)",
     )
+    sp.add_argument("--" + FLA_AUTOTUNE.name, action="store_true", help=FLA_AUTOTUNE.help)
 
 
 def bound_factor_option(sp) -> None:
@@ -136,7 +140,7 @@ def tpu_targets(a) -> tuple[str, ...]:
 
 def interrupted_status(signal_name: str) -> int:
     """The exit status of a run a signal ended ("SIGINT" or "SIGTERM"): 128 + its number."""
-    return 130 if signal_name == "SIGINT" else 143
+    return interrupts.exit_status(signal_name)
 
 
 def prepare_out(out: Path) -> Path:
@@ -232,5 +236,6 @@ def run_config(a, out: Path, specs, targets, run_id: str = "") -> RunConfig:
         fla_lanes=a.fla_lanes,
         fla_fallback=a.fla_fallback,
         fla_configs=a.fla_configs,
+        fla_autotune=getattr(a, FLA_AUTOTUNE.dest),
         fresh=getattr(a, FRESH.dest),
     )

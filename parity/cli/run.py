@@ -19,7 +19,7 @@ from parity.cli.common import (
     tpu_targets,
     write_report,
 )
-from parity.execute.backends import check_specs_isolated
+from parity.execute.backends import check_specs_isolated, fla_compile
 from parity.execute.backends.jax_backends import PallasBackend
 from parity.execute.runner import run_cases, shard
 from parity.execute.tpu_identity import IDENTITIES, choose, exported
@@ -59,10 +59,16 @@ def cmd_run(a) -> int:
         + (f"; TPU interpret mode answers as {identity[0]} ({IDENTITIES[identity[0]][0]})" if identity else ""),
         file=sys.stderr,
     )
+    a.kept = f"the records written so far in {out} (the gate refuses the directory until every case is run)"
     with exported(identity):  # the workers read it (parity.execute.tpu_identity)
         summary = run_cases(cases, run_config(a, out, specs, targets))
+    if not summary["interrupted"]:
+        a.kept = f"the records of all {len(cases)} cases in {out}, not judged (parity gate {out})"
     gate, rc, gate_text = (None, 0, "") if summary["interrupted"] else judge_run(out, specs, summary, a)
+    if gate is not None:
+        a.kept = f"the records of all {len(cases)} cases and the gate's verdict in {out}; no page (parity report {out})"
     print_table(summary, gate)
+    print_fla_lines(summary)
     if summary["interrupted"]:
         done = len({r["case_id"] for r in summary["results"]})
         print(
@@ -82,6 +88,18 @@ def cmd_run(a) -> int:
             print(f"report: not written: {e}", file=sys.stderr)
             rc = rc or 2
     return rc
+
+
+def print_fla_lines(summary: dict) -> None:
+    """The run's FLA pre-compile and, with --fla-autotune, the table of what Triton chose."""
+    if summary.get("fla_precompile"):
+        print(fla_compile.describe(summary["fla_precompile"]))
+    tuned = summary.get("fla_tuned_table")
+    if tuned:
+        print(
+            f"FLA configs tuned: {tuned['keys']} keys of {tuned['kernels']} kernels in {tuned['table']} "
+            f"(reuse them: --fla-configs {tuned['table']})"
+        )
 
 
 def default_backends(cases) -> list[str]:

@@ -157,7 +157,7 @@ def cmd_watch(a) -> int:
     identity = None if tpu_attached() else choose(a.tpu_interpret_as, targets)
     rc = 0
     try:
-        with exported(identity), WarmWorkers(cfg, max(1, min(a.jobs, len(cases)))) as warm:
+        with exported(identity), WarmWorkers(cfg, max(1, min(a.jobs, len(cases))), cases) as warm:
             rounds, files, since = 0, watched_files(modules, root), started
             while True:
                 rounds += 1

@@ -7,6 +7,8 @@
     pool.py             the parent's side: `WorkerPool`, workers handed cases, their events read, timeouts
     runner.py           `run_cases`: cases over workers, timeouts, signals, manifests (`parity run`);
                         `WarmWorkers`: workers kept across runs (`parity watch`)
+    interrupts.py       SIGTERM raised as an interrupt, as SIGINT is (standard library only: the
+                        pytest plugin installs it in every session)
     tpu_compile.py      the real TPU compiler on this machine: compile a case for TPU targets
     mosaic_llo.py       Mosaic's lowered (LLO) module read, and checked against the TPU numerics model
     stack_room.py       calls with room on CPython's frame stack: as fast at any depth of the caller

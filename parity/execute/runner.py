@@ -18,8 +18,9 @@ timed window of the case it was given, so `timeout` covers a candidate's whole l
 the worker; workers die with the parent (parity.execute.proc); a record that cannot be
 serialised is written as an error record; the parent's own failure path writes what it
 can and never raises. A manifest (parity.records.manifest) lists what the run is meant to write,
-before the first worker starts and again at the end. SIGINT or SIGTERM end the workers,
-remove their .tmp-* files and leave a summary of what finished (summary["interrupted"]).
+before the first worker starts and again at the end. SIGINT or SIGTERM (parity.execute.interrupts) end the
+workers and FLA's lanes, remove their .tmp-* files and leave a summary of what finished
+(summary["interrupted"]), whenever in the run they come.
 
 `WarmWorkers` keeps the workers and FLA's lanes across runs of one config (`parity watch`): runs on
 them leave them running, and `reload` has every worker forget the user's modules and candidates
@@ -32,9 +33,7 @@ import contextlib
 import dataclasses
 import math
 import os
-import signal
 import sys
-import threading
 import time
 import uuid
 from collections import deque
@@ -42,8 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cases import Case
-from parity.execute import verified_cache
-from parity.execute.backends import as_spec, fla_lane, fla_launches, parse_specs
+from parity.execute import interrupts, verified_cache
+from parity.execute.backends import as_spec, fla_configs, fla_lane, fla_launches, parse_specs
 from parity.execute.pool import WorkerPool
 from parity.execute.worker import CaseEnded, Done, Reload
 from parity.measure import tpu_numerics
@@ -70,7 +69,8 @@ class RunConfig:
     seeds: tuple[int, int] = (SEEDS_MIN, SEEDS_MAX)  # input seeds per case, (min, max): parity.execute.case.run_case
     fla_lanes: int | None = None  # FLA's lanes (parity.execute.backends.fla_lane.started; None: auto)
     fla_fallback: bool = False  # cases CUDA refuses for a known reason go to FLA in the interpreter
-    fla_configs: Path | None = None  # FLA configs to pin (parity.execute.backends.fla_launches)
+    fla_configs: Path | None = None  # FLA's configs: a pins file or a table (parity.execute.backends.fla_configs)
+    fla_autotune: bool = False  # FLA's kernels tuned by Triton's autotuner, and a table written of what it chose
     fresh: bool = False  # ignore every cache (oracle, FLA, TPU compiles): PARITY_FRESH=1 for the workers
 
     def __post_init__(self):
@@ -188,14 +188,6 @@ class Progress:
             print(file=sys.stderr)
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the parent during a run."""
-
-
-def _on_sigterm(signum, frame):
-    raise Interrupted("SIGTERM")
-
-
 def _remove_temporaries(out_dir: Path, pids: set[int]) -> None:
     """.tmp-<pid>-* files of the given processes (a killed worker's half-written record or
     cache entry)."""
@@ -219,7 +211,11 @@ def run_cases(
     run.write_manifest()
     # the workers and FLA's lanes inherit these, for this run only
     fresh = {environ.FRESH: "1"} if cfg.fresh else {}
-    with tpu_numerics.exported(cfg.numerics), fla_launches.pinned(cfg.fla_configs), environ.exported(fresh):
+    with (
+        tpu_numerics.exported(cfg.numerics),
+        fla_launches.configured(cfg.fla_configs, cfg.fla_autotune),
+        environ.exported(fresh),
+    ):
         drained = _drain(run, warm)
     return _summary(run, drained)
 
@@ -229,13 +225,13 @@ class WarmWorkers:
     manager; run_cases(..., warm=this) runs on them, `reload` makes them import the user's changed
     modules afresh. A worker that fails or hangs is killed and replaced as in any run."""
 
-    def __init__(self, cfg: RunConfig, size: int):
-        self.cfg, self.size = cfg, size
+    def __init__(self, cfg: RunConfig, size: int, cases: list[Case]):
+        self.cfg, self.size, self.cases = cfg, size, list(cases)
         self.run_id, self.out_dir = cfg.run_id, Path(cfg.out_dir)
         if not self.run_id:
             raise ValueError("warm workers need the run id of every run on them")
         self.pool: WorkerPool | None = None
-        self.lanes: list = []
+        self.lanes = fla_lane.Lanes([])
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> WarmWorkers:
@@ -244,8 +240,8 @@ class WarmWorkers:
         stack = self._stack.__enter__()
         try:
             stack.enter_context(tpu_numerics.exported(cfg.numerics))
-            stack.enter_context(fla_launches.pinned(cfg.fla_configs))
-            self.lanes = stack.enter_context(fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, self.size))
+            stack.enter_context(fla_launches.configured(cfg.fla_configs, cfg.fla_autotune))
+            self.lanes = stack.enter_context(fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, self.cases))
             self.pool = WorkerPool(self.size, self.out_dir, self.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
             self.pool.start()
         except BaseException:
@@ -316,7 +312,7 @@ class _Drained:
     timings: dict[str, dict] = dataclasses.field(default_factory=dict)
     interrupted: str | None = None
     wall: float = 0.0
-    fla_lanes: list = dataclasses.field(default_factory=list)  # the devices of FLA's lanes ([]: none)
+    fla_lanes: fla_lane.Lanes = dataclasses.field(default_factory=lambda: fla_lane.Lanes([]))  # FLA's lanes
 
 
 class _Units:
@@ -379,43 +375,33 @@ def _drain(run: _Run, warm: WarmWorkers | None = None) -> _Drained:
     uses_fla = any(s.side == "reference" for s in run.specs)
     if warm is None:
         pool = WorkerPool(size, run.out_dir, run.run_id, cfg.timeout_s, cfg.tpu_targets, cfg.seeds)
-        lanes_running = fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, size)
+        lanes_running = fla_lane.started(uses_fla, cfg.fla_lanes, cfg.fla_fallback, run.cases)
     else:
         pool, lanes_running = warm.pool, contextlib.nullcontext(warm.lanes)
     ended = False
-    with _sigterm_interrupts(), lanes_running as lanes:
-        units.drained.fla_lanes = lanes
+    with interrupts.terminated_as_interrupt():
         try:
-            pool.start()
-            while units.pending(pool):
-                units.hand_out(pool)
-                for unit, event in pool.events(wait_s=1.0):
-                    units.take(unit, event)
-            ended = True
-        except KeyboardInterrupt:
-            units.drained.interrupted = "SIGINT"
-        except Interrupted as e:
-            units.drained.interrupted = str(e)
+            with lanes_running as lanes:
+                units.drained.fla_lanes = lanes
+                pool.start()
+                while units.pending(pool):
+                    units.hand_out(pool)
+                    for unit, event in pool.events(wait_s=1.0):
+                        units.take(unit, event)
+                ended = True
+        except KeyboardInterrupt as e:  # SIGINT, or SIGTERM (interrupts.Terminated)
+            units.drained.interrupted = interrupts.signal_name(e)
         finally:
-            units.progress.close()
-            if warm is None or not ended:
-                pool.close(kill=units.drained.interrupted is not None or warm is not None)
-            _remove_temporaries(run.out_dir, {os.getpid(), *pool.pids})
+            try:
+                with interrupts.deferred():  # a signal now ends the run once the workers are ended
+                    units.progress.close()
+                    if warm is None or not ended:
+                        pool.close(kill=units.drained.interrupted is not None or warm is not None)
+                    _remove_temporaries(run.out_dir, {os.getpid(), *pool.pids})
+            except KeyboardInterrupt as e:
+                units.drained.interrupted = units.drained.interrupted or interrupts.signal_name(e)
     units.drained.wall = time.perf_counter() - t0
     return units.drained
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """Within: SIGTERM raises Interrupted (in the main thread; no other may set a signal handler)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _summary(run: _Run, drained: _Drained) -> dict:
@@ -434,10 +420,15 @@ def _summary(run: _Run, drained: _Drained) -> dict:
         "wall_time_s": drained.wall,
         "tpu_targets": list(cfg.tpu_targets),
         "seeds": list(cfg.seeds),
-        "fla_lanes": drained.fla_lanes,
+        "fla_lanes": drained.fla_lanes.devices,
+        "fla_precompile": drained.fla_lanes.precompile.summary() if drained.fla_lanes.precompile else None,
+        "fla_autotune": cfg.fla_autotune,
         "fla_fallback": cfg.fla_fallback,
         "fla_configs": str(cfg.fla_configs) if cfg.fla_configs else None,
         "fresh": cfg.fresh,
+        "fla_tuned_table": fla_configs.write_tuned_table(run.out_dir, f"run {run.run_id}")
+        if cfg.fla_autotune
+        else None,
         "interrupted": drained.interrupted,
         "timing": _timing_summary(lines, drained.timings, drained.wall),
         "results": sorted(lines, key=lambda r: (r["case_id"], r["backend"])),

@@ -10,12 +10,12 @@
     options.py          the option values the command line and the pytest plugin share, parsed and
                         checked once (OptionError, option_error.py: field, value, allowed values;
                         standard library only at import, like spec.py)
-    host.py             what this host has: a TPU attached, libtpu installed
+    host.py             what this host has: a TPU attached, libtpu installed, CUDA GPUs
     fla_known.py        FLA's known refusals and known GPU bugs as data (fla#640, fla#984), and the
                         pure functions that read a record's error, platform, versions and kernel
                         launches against them (standard library only)
-    gpu.py              the GPU FLA in the Triton interpreter stands for (an H100): the shared
-                        memory its probe answers (standard library only, like spec.py)
+    gpu.py              the GPU FLA stands for on a host without one (an H100): what its probes
+                        answer, in the interpreter and compiled for sm_90 (standard library only)
 
 Imports: the standard library, `cases` (kernels.py) and, when a kernel is asked for, `kernels_jax`;
 nothing else of `parity`.

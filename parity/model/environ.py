@@ -24,8 +24,11 @@ def exported(values: dict[str, str]):
 # "1": every cache lookup misses (oracle, fla, tpu_compile; `parity run --fresh`); or the caches to
 # ignore, comma-separated (this checkout's tests ignore fla and tpu_compile: conftest.py)
 FRESH = "PARITY_FRESH"
-# the JSON file of FLA kernel configs to pin (`parity run --fla-configs`; parity.execute.backends.fla_launches)
+# FLA's kernel configs (`parity run --fla-configs`): a JSON file of configs to pin, or a directory of
+# FLA config tables (parity.execute.backends.fla_configs)
 FLA_CONFIGS = "PARITY_FLA_CONFIGS"
+# "1": FLA's autotuned kernels are tuned by Triton's autotuner, as production FLA does (`--fla-autotune`)
+FLA_AUTOTUNE = "PARITY_FLA_AUTOTUNE"
 
 
 def fresh(kind: str) -> bool:

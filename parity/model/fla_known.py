@@ -265,7 +265,7 @@ def _where(platform: str, versions: dict) -> str:
 def known_wrong(platform: str, versions: dict, launches: list[dict]) -> list[dict]:
     """The known-wrong results of a record that ran: one {"issue", "kernel", "module", "tensors",
     "why", "fix"} per launch of a kernel in a configuration a known bug (BUGS) makes wrong on this
-    platform and Triton. Only cuda platforms can be; a launch the interpreter ran never is. A field
+    platform and Triton. Only cuda platforms can be (a launch the interpreter ran never is). A field
     the bug depends on that the record does not hold (the GPU, the Triton version, a constexpr,
     num_warps) counts as matching: what cannot be read is not shown right."""
     out, seen = [], set()
@@ -274,8 +274,6 @@ def known_wrong(platform: str, versions: dict, launches: list[dict]) -> list[dic
         if not holds:
             continue
         for launch in launches:
-            if launch.get("chosen_by") == "interpreter":
-                continue
             k = next(
                 (k for k in bug.kernels if k.kernel == launch.get("kernel") and k.module == launch.get("module")),
                 None,

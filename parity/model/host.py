@@ -48,6 +48,15 @@ def libtpu_version() -> str | None:
         return None
 
 
+def cuda_devices() -> int:
+    """The CUDA GPUs this host shows (/dev/nvidia<N>, within CUDA_VISIBLE_DEVICES), without importing torch."""
+    found = len(glob.glob("/dev/nvidia[0-9]*"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    return min(found, len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"]))
+
+
 def compile_only_slice(env: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """Describe this host to libtpu as a slice of one host (COMPILE_ONLY_SLICE) in `env`, before
     libtpu loads for compile-only use; the variables it set. Nothing where a TPU is attached (libtpu

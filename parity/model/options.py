@@ -19,6 +19,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+from parity.model.host import cuda_devices
 from parity.model.option_error import OptionError
 from parity.model.spec import BUILTIN, CANDIDATE_FORM, SpecError, parse_backend_spec
 
@@ -74,6 +75,14 @@ ALLOW_UNBOUNDED_REFERENCE = Switch(
     "pass a candidate's tensor the reference could not bound because of its environment (FLA refused "
     "there, e.g. fla#640, or ran a kernel known wrong there, e.g. fla#984), held to its tolerance only "
     "(listed apart, with cause and fix); by default it fails as unbounded-reference",
+)
+
+
+FLA_AUTOTUNE = Switch(
+    "fla-autotune",
+    "tune FLA's autotuned kernels as production FLA does (Triton times every config at each key, with "
+    "the GPU to itself) instead of running one config per key from a table or the rule, and write what "
+    "it chose as an FLA config table, out/fla-configs/<GPU> (docs/fla-on-gpu.md); a CUDA GPU only",
 )
 
 
@@ -247,14 +256,30 @@ def fla_fallback(text: str | None) -> bool:
 
 
 def fla_configs(text: str | None) -> Path | None:
-    """--fla-configs: a JSON file of FLA kernel configs to pin (an FLA record, a list of its
-    notes.fla_launches entries, {"launches": [...]}, or {kernel: {"kwargs", "num_warps", "num_stages"}})."""
+    """--fla-configs: FLA's kernel configs: a JSON file of configs to pin (an FLA record, a list of its
+    notes.fla_launches entries, {"launches": [...]}, or {kernel: {"kwargs", "num_warps", "num_stages"}}),
+    or a directory of FLA config tables ({kernel}.json, as FLA_CONFIG_DIR holds them)."""
     if text is None:
         return None
     import json
 
-    allowed = 'an FLA record, a list of its notes.fla_launches, or {KERNEL: {"num_warps": N, ...}}'
+    allowed = (
+        'an FLA record, a list of its notes.fla_launches, {KERNEL: {"num_warps": N, ...}}, '
+        "or a directory of FLA config tables (KERNEL.json)"
+    )
     path = Path(text)
+    if path.is_dir():
+        tables = sorted(path.glob("*.json"))
+        if not tables:
+            raise OptionError("fla-configs", text, allowed, "no KERNEL.json in the directory")
+        for table in tables:
+            try:
+                data = json.loads(table.read_text())
+            except (OSError, ValueError) as e:
+                raise OptionError("fla-configs", text, allowed, f"{table.name}: {e}") from None
+            if not (isinstance(data, dict) and ("autotune_entries" in data or "default_config" in data)):
+                raise OptionError("fla-configs", text, allowed, f"{table.name}: no autotune_entries or default_config")
+        return path.resolve()
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -270,3 +295,16 @@ def fla_configs(text: str | None) -> Path | None:
     if not (launches and isinstance(launches, list) and all(isinstance(x, dict) and "kernel" in x for x in launches)):
         raise OptionError("fla-configs", text, allowed, "no kernel configs in it")
     return path.resolve()
+
+
+def fla_autotune(on: bool) -> bool:
+    """--fla-autotune: refused on a host without a CUDA GPU (the interpreter has nothing to time)."""
+    if on and cuda_devices() == 0:
+        raise OptionError(
+            FLA_AUTOTUNE.name,
+            None,
+            "",
+            "tunes FLA's kernels on a CUDA GPU and this host has none (FLA runs in Triton's interpreter here, "
+            "which times nothing); leave it out",
+        )
+    return on

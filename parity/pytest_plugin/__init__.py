@@ -25,9 +25,10 @@ its environment refused (FLA on Hopper with Triton < 3.7.1: fla#640) or left kno
 the test and the session gate, naming cause and fix, unless `--parity-allow-unbounded-reference`
 (then a ReferenceFinding warning), as `parity gate` does.
 
-Only the standard library, pytest and parity.model.spec are imported at startup (here and in
-the submodules below): jax, torch, fla and the harness are imported inside the functions
-the hooks call when parity tests run, so the plugin costs nothing in other test suites.
+Only the standard library, pytest, parity.model and parity.execute.interrupts (SIGTERM ends a
+session as Ctrl-C does: exit 143, or 130) are imported at startup (here and in the submodules
+below): jax, torch, fla and the harness are imported inside the functions the hooks call when
+parity tests run, so the plugin costs nothing in other test suites.
 Where no CUDA device exists it sets TRITON_INTERPRET=1 at configure (FLA's kernels must be
 built for the Triton interpreter before fla is first imported).
 
@@ -46,6 +47,7 @@ import warnings
 
 import pytest
 
+from parity.execute import interrupts
 from parity.model import environ, gpu
 from parity.model.host import keep_jax_on_the_cpu
 from parity.pytest_plugin.checks import check_case, explain, reference_findings, select_cases
@@ -74,6 +76,9 @@ MARKERS = {
 }
 _GATE = pytest.StashKey[tuple[str, bool]]()
 _SESSION = pytest.StashKey[contextlib.ExitStack]()  # what the session exports and starts; undone at unconfigure
+_LANES = pytest.StashKey[object]()  # FLA's lanes the controller started (fla_lane.Lanes)
+_INTERRUPTED: list[str] = []  # the signal that interrupted this session (SIGINT or SIGTERM), if one did
+_TUNED = pytest.StashKey[object]()  # the table --parity-fla-autotune wrote (fla_configs.write_tuned_table)
 
 
 class ReferenceFinding(UserWarning):
@@ -95,6 +100,7 @@ def pytest_configure(config):
     os.environ.setdefault("PARITY_RUN_ID", "pytest-" + uuid.uuid4().hex[:10])
     # --parity-fresh: every cache lookup of the session's processes misses; put back at the end
     config.stash[_SESSION] = session = contextlib.ExitStack()
+    session.enter_context(interrupts.terminated_as_interrupt())  # SIGTERM ends the session as Ctrl-C does
     if fresh(config):
         session.enter_context(environ.exported({environ.FRESH: "1"}))
     if no_cuda_device():
@@ -109,17 +115,20 @@ def pytest_configure(config):
 
 def _start_fla_lanes(config, session: contextlib.ExitStack) -> None:
     """FLA's lanes for the session's workers (parity.execute.backends.fla_lane; none on a host without a CUDA GPU
-    unless --parity-fla-lanes asks), and the configs --parity-fla-configs pins, in the environment, both
-    entered into `session`."""
-    lanes, fallback, configs = fla_settings(config)
-    if configs is not None:
-        session.enter_context(environ.exported({environ.FLA_CONFIGS: str(configs)}))
+    unless --parity-fla-lanes asks: as `parity run`, one per GPU, the session's cases pre-compiled on every
+    core while they start), and FLA's configs (--parity-fla-configs, --parity-fla-autotune) in the environment,
+    both entered into `session`."""
+    lanes, fallback, configs, autotune = fla_settings(config)
+    values = {} if configs is None else {environ.FLA_CONFIGS: str(configs)}
+    if autotune:
+        values[environ.FLA_AUTOTUNE] = "1"
+    session.enter_context(environ.exported(values))
     if lanes == 0 or (lanes is None and no_cuda_device()):
         return
     from parity.execute.backends import fla_lane  # late: only where lanes run
 
-    workers = config.getoption("numprocesses", None)  # pytest-xdist's -n
-    session.enter_context(fla_lane.started(True, lanes, fallback, workers if isinstance(workers, int) else 1))
+    cases = selected_cases(config) if "gpu" in (config.getoption("markexpr") or "") else []
+    config.stash[_LANES] = session.enter_context(fla_lane.started(True, lanes, fallback, cases))
 
 
 def pytest_unconfigure(config):
@@ -171,10 +180,32 @@ def pytest_collection_finish(session):
     write_session_manifests(session.items, session.config, os.environ["PARITY_RUN_ID"])
 
 
+def pytest_keyboard_interrupt(excinfo):
+    name = interrupts.signal_of(excinfo.value)  # not pytest-xdist's own stop at --maxfail
+    if name is not None:
+        _INTERRUPTED.append(name)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput"):  # xdist worker: the controller gates
         return
     out = report_dir(session.config)
+    try:
+        if not _INTERRUPTED:
+            _gate_session(session, out)
+    except KeyboardInterrupt as e:  # while gating
+        _INTERRUPTED.append(interrupts.signal_name(e))
+    if _INTERRUPTED:  # the records of the tests that ran are kept; the gate would refuse the rest missing
+        session.exitstatus = interrupts.exit_status(_INTERRUPTED[-1])
+        session.config.stash[_GATE] = (
+            f"interrupted by {_INTERRUPTED[-1]}: the records of the tests that ran are in {out}; not gated "
+            f"(parity gate {out} refuses them until every selected test has run)",
+            False,
+        )
+
+
+def _gate_session(session, out) -> None:
+    """The gate over the session's records, and with --parity-fla-autotune the table of what Triton chose."""
     if not out.exists():
         return
     text, ok = session_gate(
@@ -184,9 +215,24 @@ def pytest_sessionfinish(session, exitstatus):
         session.config.stash[_GATE] = (text, ok)
     if ok is False and session.exitstatus == 0:
         session.exitstatus = 1
+    if fla_settings(session.config)[3]:  # --parity-fla-autotune: what Triton chose, as a table
+        from parity.execute.backends import fla_configs  # late: only where FLA was tuned
+
+        session.config.stash[_TUNED] = fla_configs.write_tuned_table(
+            out, f"pytest session {os.environ['PARITY_RUN_ID']}"
+        )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lanes = config.stash.get(_LANES, None)
+    if lanes is not None and lanes.precompile is not None:
+        terminalreporter.write_line(f"FLA pre-compile: {lanes.precompile.summary()}")
+    if config.stash.get(_TUNED, None):
+        tuned = config.stash[_TUNED]
+        terminalreporter.write_line(
+            f"FLA configs tuned: {tuned['keys']} keys of {tuned['kernels']} kernels in {tuned['table']} "
+            f"(reuse: --parity-fla-configs {tuned['table']})"
+        )
     gate = config.stash.get(_GATE, None)
     if gate is not None:
         terminalreporter.write_sep("=", "parity gate")

@@ -111,9 +111,12 @@ def add_options(parser) -> None:
     g.addoption(
         "--parity-fla-configs",
         default=None,
-        metavar="FILE",
-        help="pin FLA's autotuned kernels to the configs in FILE (an FLA record, or a list of its notes.fla_launches)",
+        metavar="PATH",
+        help="the configs FLA's autotuned kernels run: a FILE pins them (an FLA record, or a list of its "
+        "notes.fla_launches); a DIR is an FLA config table (KERNEL.json; default on CUDA: the table shipped "
+        "for the GPU); keys neither names run the rule's config",
     )
+    g.addoption(PREFIX + options.FLA_AUTOTUNE.name, action="store_true", default=False, help=options.FLA_AUTOTUNE.help)
     g.addoption(
         "--parity-tpu-interpret-as",
         default=None,
@@ -204,14 +207,16 @@ def _refuse_path_as_rootdir(config) -> None:
                 )
 
 
-def fla_settings(config) -> tuple[int | None, bool, Path | None]:
-    """(--parity-fla-lanes, --parity-fla-fallback, --parity-fla-configs), checked: FLA's lanes (None:
-    one per CUDA GPU), whether cases CUDA refuses go to the interpreter, the configs file to pin."""
+def fla_settings(config) -> tuple[int | None, bool, Path | None, bool]:
+    """(--parity-fla-lanes, --parity-fla-fallback, --parity-fla-configs, --parity-fla-autotune), checked:
+    FLA's lanes (None: one per CUDA GPU), whether cases CUDA refuses go to the interpreter, the configs
+    file or table, whether Triton tunes FLA's kernels."""
     opt = config.getoption
     return (
         _checked(options.fla_lanes, opt("parity_fla_lanes")),
         _checked(options.fla_fallback, opt("parity_fla_fallback")),
         _checked(options.fla_configs, opt("parity_fla_configs")),
+        _checked(options.fla_autotune, opt("parity_" + options.FLA_AUTOTUNE.dest)),
     )
 
 

@@ -101,7 +101,7 @@ def _kernel(case: Case, cuda: bool):
                 "import parity.execute.backends.fla (or call "
                 "parity.execute.backends.triton_interpreter.request()) first"
             )
-    module, name = _fla_function(case)
+    module, name = fla_function(case)
     kernel = getattr(importlib.import_module(module), name)
     if not cuda and not triton_interpreter.fla_tiles_are_an_h100s():
         raise FlaImportedTooEarly(
@@ -112,7 +112,7 @@ def _kernel(case: Case, cuda: bool):
     return kernel
 
 
-def _fla_function(case: Case) -> tuple[str, str]:
+def fla_function(case: Case) -> tuple[str, str]:
     """(module, function) of FLA's kernel for the case: the op's, or its stage's."""
     if case.stage is None:
         return FLA_KERNELS[case.op]
@@ -141,7 +141,7 @@ class FlaBackend:
         if reason:
             raise Unsupported(reason)
         if case.stage is not None:
-            return KernelCall("torch", *_fla_function(case), case.chunk_size, cu_seqlens_int64=True)
+            return KernelCall("torch", *fla_function(case), case.chunk_size, cu_seqlens_int64=True)
         module, function = FLA_KERNELS[case.op]
         return KernelCall(
             "torch", module, function, None if case.op == "gla" else fla_chunk_size(case), cu_seqlens_int64=True
@@ -200,16 +200,14 @@ class FlaBackend:
         import torch
 
         cuda = _cuda()
-        kernel = _kernel(case, cuda)
-        if case.stage is None:
-            call, run = _fla_call(case, how, kernel), run_torch
-        else:
-            call, run = kernel, run_stage_torch
-        fla_launches.install(interpreted=not cuda)
+        call, run = fla_call(case, _kernel(case, cuda))
+        fla_launches.install(interpreted=not cuda, device_name=torch.cuda.get_device_name() if cuda else None)
         platform = f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu:triton-interpreter"
+        compiled_before = fla_launches.compiles()
         try:
             if cuda:
-                run(call, case, inputs, "cuda", torch.cuda.synchronize)  # compile and autotune first
+                fla_launches.count_compiles()
+                run(call, case, inputs, "cuda", torch.cuda.synchronize)  # load (or compile) and autotune first
                 with fla_launches.recording() as ran:
                     tensors, seconds = run(call, case, inputs, "cuda", torch.cuda.synchronize)
             else:
@@ -224,12 +222,21 @@ class FlaBackend:
         return Execution(
             tensors=tensors,
             platform=platform,
-            implementation=".".join(_fla_function(case)),
+            implementation=".".join(fla_function(case)),
             versions=_versions() if cuda else {**_versions(), "numpy": np.__version__},
             kernel_time_s=seconds,
             numerics=numerics,
-            notes=_notes(case, tensors, cuda, ran, platform),
+            notes=_notes(case, tensors, cuda, ran, platform, fla_launches.compiles() - compiled_before),
         )
+
+
+def fla_call(case: Case, kernel) -> tuple:
+    """(call, run) for FLA's function `kernel` (the case's op or stage function): run(call, case,
+    inputs, device[, sync]) -> (tensors, seconds) calls it as the harness does (calling.run_torch,
+    stage_calling.run_stage_torch)."""
+    if case.stage is not None:
+        return kernel, run_stage_torch
+    return _fla_call(case, FlaBackend.kernel_call(case), kernel), run_torch
 
 
 def _fla_call(case: Case, how: KernelCall, fla_fn):
@@ -274,11 +281,13 @@ def _fla_call(case: Case, how: KernelCall, fla_fn):
     return call
 
 
-def _notes(case: Case, tensors: dict, cuda: bool, ran: fla_launches.Recording, platform: str) -> dict:
+def _notes(case: Case, tensors: dict, cuda: bool, ran: fla_launches.Recording, platform: str, compiled: int) -> dict:
     """The record's notes: the chunk size FLA used, what the interpreter emulates and what its
     bits depend on, the gradients FLA returns none of (unsupported_tensors, with the reason), the
     kernels it launched with their configs and the backend of each dispatched function
-    (fla_launches), and FLA's results known to be wrong on this GPU and Triton (known_wrong)."""
+    (fla_launches), FLA's results known to be wrong on this GPU and Triton (known_wrong), and on a
+    GPU how many kernels this call compiled instead of loading them from Triton's cache
+    (fla_compiled_here: the run's pre-compile had not compiled them: parity.execute.backends.fla_compile)."""
     notes: dict = {"chunk_size": fla_chunk_size(case) if case.stage is None else case.chunk_size}
     if not cuda:
         notes["emulation"] = (
@@ -287,6 +296,8 @@ def _notes(case: Case, tensors: dict, cuda: bool, ran: fla_launches.Recording, p
         )
         notes["cpu_bits"] = triton_interpreter.what_the_bits_depend_on()
     notes.update(ran.notes())
+    if cuda:
+        notes["fla_compiled_here"] = compiled
     wrong = fla_known.known_wrong(platform, _versions(), notes["fla_launches"])
     if wrong:
         notes["known_wrong"] = wrong

@@ -9,7 +9,8 @@ FLA, when everything its bits depend on is the same (`key_parts`):
     platform        "cuda:<device name>" or "cpu:triton-interpreter"
     numerics        "cuda", or the interpreter emulation's tag (triton_interpreter.numerics())
     tf32_rounding   PARITY_TF32_ROUNDING's value (the interpreter's TF32 rounding)
-    pins_sha256     sha256 of the PARITY_FLA_CONFIGS file's bytes (None: no pins)
+    configs         where FLA's autotuned kernels take their configs: the pins file's and the
+                    config table's sha256, and whether Triton tuned them (fla_configs.Source)
     cpu_features    in the interpreter: the SIMD features numpy uses here (its elementwise functions'
                     last bits follow them: triton_interpreter.what_the_bits_depend_on)
     format          FORMAT, this module's entry format
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import os
 import time
 from importlib import metadata
@@ -34,10 +34,10 @@ import numpy as np
 
 from cases import Case, input_hash
 from parity.execute import verified_cache
-from parity.execute.backends import fla_launches, triton_interpreter
+from parity.execute.backends import fla_configs, triton_interpreter
 from parity.execute.backends.base import Execution
 
-FORMAT = 1
+FORMAT = 2
 INTERPRETER = "cpu:triton-interpreter"
 PACKAGES = ("fla-core", "triton", "torch", "numpy")
 
@@ -65,11 +65,6 @@ def platform_without_torch() -> str | None:
     return INTERPRETER if hidden or not glob.glob("/dev/nvidia[0-9]*") else None
 
 
-def _pins_sha256() -> str | None:
-    path = os.environ.get(fla_launches.PINS_ENV)
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None  # OSError: no key
-
-
 def _numpy_cpu_features() -> list[str]:
     """The SIMD features numpy dispatches to in this process (NPY_DISABLE_CPU_FEATURES applied)."""
     from numpy._core._multiarray_umath import __cpu_features__
@@ -86,14 +81,16 @@ def key_parts(case: Case, inputs: dict[str, np.ndarray], platform: str) -> dict:
         "platform": platform,
         "numerics": "cuda" if platform.startswith("cuda:") else triton_interpreter.numerics(),
         "tf32_rounding": triton_interpreter.TF32_ROUNDING,
-        "pins_sha256": _pins_sha256(),
+        "configs": fla_configs.source(
+            platform.removeprefix("cuda:") if platform.startswith("cuda:") else None
+        ).fingerprint(),
         "cpu_features": None if platform.startswith("cuda:") else _numpy_cpu_features(),
         "format": FORMAT,
     }
 
 
 def _where(case: Case, inputs: dict, platform: str) -> tuple[Path, str] | None:
-    """(entry path, key), or None where the key cannot be formed (a pins file that cannot be read)."""
+    """(entry path, key), or None where the key cannot be formed (a pins file or table that cannot be read)."""
     try:
         key = verified_cache.key_of(key_parts(case, inputs, platform))
     except OSError:

@@ -7,23 +7,18 @@
   launches alike counted once;
   num_warps and num_stages are the compiled kernel's own (its metadata) on a GPU, the launch's
   arguments in the interpreter (which ignores them; None: not given, Triton's default);
-  "chosen_by" says where an autotuned kernel's config came from: "autotune" (benchmarked in this
-  process), "triton-cache" (Triton's persisted autotune result, TRITON_CACHE_AUTOTUNING), "fla-cache"
-  (FLA's config files, FLA_CACHE_MODE), "only-config" (one config left after pruning),
-  "interpreter" (the interpreter's choice, triton_interpreter.choose_config), "pinned"
-  (PARITY_FLA_CONFIGS), or "launch" for a kernel launched without an autotuner; "key" is the
-  autotuner's tuning key (its key arguments and the tensors' dtypes, as text) and "config_kwargs"
-  the meta-parameters its config set (None for both without an autotuner).
+  "chosen_by" says where an autotuned kernel's config came from (parity.execute.backends.fla_configs:
+  "pinned", "table", "table-default", "rule", "fla-cache", "only-config"; with --fla-autotune on a
+  GPU "autotune", timed in this process, or "triton-cache", Triton's persisted result), or "launch"
+  for a kernel launched without an autotuner; "key" is the autotuner's tuning key (its key arguments
+  and the tensors' dtypes, as text) and "config_kwargs" the meta-parameters its config set (None for
+  both without an autotuner).
 - which fla.backends backend computed each FLA function dispatched through it ("triton": FLA's
   own function, the default; else the backend type, e.g. "tilelang", "flash_kda").
 Each is a list or dict in the FLA record's notes (fla_launches, fla_dispatch).
 
-Pins: PARITY_FLA_CONFIGS names a JSON file (`parity run --fla-configs`): an FLA record, a list of
-launches as above, or {"launches": [...]}: every autotuned kernel launch whose (kernel, key) it
-lists runs that config, whatever the autotuner or the interpreter would choose, so two machines
-(or two runs) run FLA's kernels alike; or {kernel: {"kwargs": {...}, "num_warps": n, "num_stages": n}}:
-that config for every key of the kernel (e.g. FLA #984's fix, {"prepare_wy_repr_bwd_kernel":
-{"num_warps": 2}}). Launches it does not name are chosen as usual.
+Which config an autotuned kernel runs is fla_configs's choice (pins, tables, the rule), put in its
+autotuner's cache before Triton's run looks, so Triton compiles that one config and times nothing.
 """
 
 from __future__ import annotations
@@ -36,11 +31,10 @@ import inspect
 import json
 import os
 import threading
-from pathlib import Path
 
+from parity.execute.backends import fla_configs
 from parity.model import environ
 
-PINS_ENV = environ.FLA_CONFIGS
 DEFAULT_BACKEND = "triton"  # fla.backends' fallback: FLA's own (Triton) function
 
 # .recording: the Recording collecting now (None: none); .tuning: (chosen_by, key, config_kwargs) of the
@@ -73,13 +67,16 @@ class recording:
         _state.recording = self.previous
 
 
-def install(interpreted: bool) -> None:
+def install(interpreted: bool, device_name: str | None = None) -> None:
     """Patch triton's launch path and autotuner, and fla.backends' dispatched functions (idempotent;
-    after FLA is imported, and after triton_interpreter.enable() when `interpreted`)."""
+    after FLA is imported, and after triton_interpreter.enable() when `interpreted`). device_name:
+    the CUDA GPU FLA compiles for (its shipped config table applies; fla_configs.source), None in
+    the interpreter."""
     from triton.runtime.autotuner import Autotuner
 
+    _device["name"] = None if interpreted else device_name
     if "autotuner" not in _installed:
-        _patch_autotuner(Autotuner, interpreted)
+        _patch_autotuner(Autotuner)
         _installed.add("autotuner")
     if interpreted and "interpreter" not in _installed:
         from triton.runtime.interpreter import InterpretedFunction
@@ -105,71 +102,125 @@ def tuning_key(tuner, args: tuple, kwargs: dict) -> tuple:
     return tuple(key)
 
 
-def _patch_autotuner(Autotuner, interpreted: bool) -> None:
+def _patch_autotuner(Autotuner) -> None:
+    """Autotuner.run gives each (kernel, key) the config fla_configs chooses, in its cache before
+    Triton's run looks, so that Triton compiles that one config and times nothing; with
+    PARITY_FLA_AUTOTUNE (on a GPU) Triton tunes the keys no pin names, as production FLA does."""
     original_run = Autotuner.run
-    original_prune = Autotuner.prune_configs
-
-    @functools.wraps(original_prune)
-    def prune_configs(self, kwargs):
-        pruned = original_prune(self, kwargs)
-        self._parity_pruned = len(pruned)
-        return pruned
 
     @functools.wraps(original_run)
     def run(self, *args, **kwargs):
         kernel = self.base_fn.__name__
-        key = tuning_key(self, args, kwargs) if len(self.configs) > 1 else ()
-        table = pins()
-        pinned = table.get((kernel, tuple(map(str, key)))) or table.get((kernel, None))
-        if pinned is not None:
-            self.cache[key] = pinned
-            _provenance[(kernel, key)] = "pinned"
-        elif key not in self.cache or (kernel, key) not in _provenance:
-            new = key not in self.cache
-            bench_time, self._parity_pruned = getattr(self, "bench_time", None), None
-            _state.tuning = ("pending", key, None)
-            try:
-                if new and not interpreted and len(self.configs) > 1:
-                    _compile_configs(self, args, kwargs)
-                with gpu_to_itself() if new and not interpreted else contextlib.nullcontext():
-                    out = original_run(self, *args, **kwargs)
-            finally:
-                _state.tuning = None
-            how = _how_chosen(self, new, bench_time, interpreted)
-            _provenance[(kernel, key)] = how
-            _note_tuned(kernel, key, how, self.best_config)
-            return out
-        config = self.cache.get(key, self.configs[0])
-        _state.tuning = (_provenance[(kernel, key)], key, sorted(config.kwargs))
-        try:
-            return original_run(self, *args, **kwargs)
-        finally:
-            _state.tuning = None
+        if len(self.configs) == 1:
+            return _run_as(self, ("only-config", (), self.configs[0]), original_run, args, kwargs)
+        key = tuning_key(self, args, kwargs)
+        source = fla_configs.source(_device["name"])
+        chosen = _chosen.get((id(self), key))
+        if chosen is None or chosen.source != source or self.cache.get(key) is not chosen.config:
+            chosen = _choose(self, kernel, key, source, args, kwargs)
+            if chosen is None:  # Triton's autotuner, timing every config
+                return _autotune(self, kernel, key, original_run, args, kwargs)
+            _chosen[(id(self), key)] = chosen
+            self.cache[key] = chosen.config
+        return _run_as(self, (chosen.how, key, chosen.config), original_run, args, kwargs)
 
-    Autotuner.prune_configs = prune_configs
     Autotuner.run = run
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    config: object  # the triton.Config in the autotuner's cache for the key
+    how: str  # chosen_by
+    source: fla_configs.Source
+
+
+_chosen: dict[tuple[int, tuple], _Choice] = {}  # (id of the autotuner, key) -> how its config was chosen
+_device = {"name": None}  # the GPU whose shipped table applies (install's device_name)
+
+
+def _choose(tuner, kernel: str, key: tuple, source, args: tuple, kwargs: dict) -> _Choice | None:
+    """The config for (kernel, key): pinned, FLA's own config cache's (FLA_CACHE_MODE put it in the
+    autotuner's cache), the table's, or the rule's; None where Triton's autotuner tunes it (on a GPU,
+    with PARITY_FLA_AUTOTUNE)."""
+    from triton import Config
+
+    picked = source.choose(kernel, key)
+    if picked is None or picked[1] != "pinned":
+        if (kernel, key) in _provenance or (source.autotune and _device["name"]):
+            return None
+        if key in tuner.cache and not any(c.config is tuner.cache[key] for c in _chosen.values()):
+            return _Choice(tuner.cache[key], "fla-cache", source)
+    if picked is None:
+        return _Choice(fla_configs.choose_config(kernel, _pruned(tuner, args, kwargs)), "rule", source)
+    c, how = picked
+    config = Config(c["kwargs"], num_warps=c["num_warps"], num_stages=c["num_stages"],
+                    num_ctas=c.get("num_ctas", 1), maxnreg=c.get("maxnreg"))  # fmt: skip
+    return _Choice(config, how, source)
+
+
+def _pruned(tuner, args: tuple, kwargs: dict) -> list:
+    """The configs the autotuner would time for this launch (its own pruning)."""
+    tuner.nargs = dict(zip(tuner.arg_names, args))  # what Triton's pruning reads
+    try:
+        return tuner.prune_configs(kwargs)
+    finally:
+        tuner.nargs = None
+
+
+def _run_as(tuner, tuning: tuple, original_run, args: tuple, kwargs: dict):
+    """Triton's run of the autotuner, its launches recorded as chosen by tuning[0] at key tuning[1]."""
+    how, key, config = tuning
+    _state.tuning = (how, key, sorted(config.kwargs))
+    try:
+        return original_run(tuner, *args, **kwargs)
+    finally:
+        _state.tuning = None
+
+
+def _autotune(tuner, kernel: str, key: tuple, original_run, args: tuple, kwargs: dict):
+    """Triton's autotuner on a GPU: every config compiled first (the run's pre-compile compiled
+    them: loads), then timed with the GPU to this lane alone (gpu_to_itself); or its stored result
+    (TRITON_CACHE_AUTOTUNING: "triton-cache")."""
+    if key in tuner.cache:
+        return _run_as(tuner, (_provenance.get((kernel, key), "triton-cache"), key, tuner.cache[key]),
+                       original_run, args, kwargs)  # fmt: skip
+    if getattr(_state, "planning", False):  # a compile plan (fla_compile): every config planned, none timed
+        _compile_configs(tuner, args, kwargs)
+        tuner.cache[key] = fla_configs.choose_config(kernel, _pruned(tuner, args, kwargs))
+        _provenance[(kernel, key)] = "autotune"
+        return _run_as(tuner, ("autotune", key, tuner.cache[key]), original_run, args, kwargs)
+    bench_time = getattr(tuner, "bench_time", None)
+    _state.tuning = ("pending", key, None)
+    try:
+        _compile_configs(tuner, args, kwargs)
+        with gpu_to_itself():
+            out = original_run(tuner, *args, **kwargs)
+    finally:
+        _state.tuning = None
+    how = "autotune" if getattr(tuner, "bench_time", None) != bench_time else "triton-cache"
+    _provenance[(kernel, key)] = how
+    _note_tuned(kernel, key, how, tuner.best_config)
+    return out
+
+
+class planning:
+    """Within: autotuned keys (PARITY_FLA_AUTOTUNE) compile-plan every config, time none (fla_compile)."""
+
+    def __enter__(self):
+        _state.planning = True
+
+    def __exit__(self, *exc):
+        _state.planning = False
 
 
 def _compile_configs(tuner, args: tuple, kwargs: dict) -> None:
     """Compile every config the autotuner will time (triton's Autotuner.warmup), before it takes the
-    GPU to itself (gpu_to_itself): lanes compile side by side and time alone. Best effort: what fails
+    GPU to itself (gpu_to_itself): no lane holds the lock while compiling. Best effort: what fails
     here is compiled (or fails) in the autotuner's own run, as without it."""
     try:
         tuner.warmup(*args, **{k: v for k, v in kwargs.items() if k != "warmup"})
     except Exception:  # noqa: BLE001 - the autotuner's run compiles it, or reports why not
         pass
-
-
-def _how_chosen(tuner, new: bool, bench_time, interpreted: bool) -> str:
-    if len(tuner.configs) == 1:
-        return "only-config"
-    if not new:
-        return "fla-cache"  # in the cache before triton's run: FLA's CachedAutotuner put it there
-    if interpreted:
-        return "interpreter"
-    if tuner._parity_pruned == 1:
-        return "only-config"
-    return "autotune" if getattr(tuner, "bench_time", None) != bench_time else "triton-cache"
 
 
 def _note_tuned(kernel: str, key: tuple, how: str, config) -> None:
@@ -183,6 +234,32 @@ def _note_tuned(kernel: str, key: tuple, how: str, config) -> None:
             del rec.launches[ident]
             launch.update(chosen_by=how, config_kwargs=sorted(config.kwargs))
             _add(rec, launch, launch.pop("launches"))
+
+
+# ------------------------------------------------------------------ compiles
+_compiles = [0]
+
+
+def count_compiles() -> None:
+    """Count Triton's compiles in this process (a cache hit loads and is not counted): ASTSource.make_ir
+    runs once per compile that missed Triton's cache."""
+    from triton.compiler import compiler
+
+    if getattr(compiler.ASTSource.make_ir, "_parity_counted", False):
+        return
+    original = compiler.ASTSource.make_ir
+
+    def make_ir(self, *args, **kwargs):
+        _compiles[0] += 1
+        return original(self, *args, **kwargs)
+
+    make_ir._parity_counted = True
+    compiler.ASTSource.make_ir = make_ir
+
+
+def compiles() -> int:
+    """Triton's compiles in this process so far (count_compiles)."""
+    return _compiles[0]
 
 
 # ------------------------------------------------------------------ the GPU to itself while timing
@@ -376,44 +453,11 @@ def _note_backend_calls(backend, operation: str) -> None:
     backend._parity_noted = True
 
 
-# ------------------------------------------------------------------ pins
-@functools.cache
-def _read_pins(path: str) -> dict:
-    """(kernel, key as text, or None for every key) -> triton.Config, from a pins file (pins())."""
-    from triton import Config
-
-    data = json.loads(Path(path).read_text())
-    launches = data
-    if isinstance(data, dict):
-        launches = data.get("launches") or (data.get("notes") or {}).get("fla_launches")
-    if launches is None:  # {kernel: {"kwargs": {...}, "num_warps": n, "num_stages": n}}: every key of the kernel
-        return {
-            (kernel, None): Config(
-                c.get("kwargs", {}), num_warps=c.get("num_warps", 4), num_stages=c.get("num_stages", 3)
-            )
-            for kernel, c in data.items()
-        }
-    pinned = {}
-    for launch in launches:
-        if launch.get("key") is None or launch.get("chosen_by") == "launch":
-            continue  # no autotuner chose it: nothing to pin
-        config = Config(
-            {k: launch["meta"][k] for k in launch.get("config_kwargs") or () if k in launch["meta"]},
-            num_warps=launch.get("num_warps") or 4,
-            num_stages=launch.get("num_stages") or 3,
-        )
-        pinned[(launch["kernel"], tuple(launch["key"]))] = config
-    return pinned
-
-
-def pinned(path):
-    """Within: PARITY_FLA_CONFIGS names `path` (nothing changes for None), for the processes started
-    within; put back after."""
-    return environ.exported({} if path is None else {PINS_ENV: str(path)})
-
-
-def pins() -> dict:
-    """(kernel, key as text; None: every key) -> triton.Config from the file PARITY_FLA_CONFIGS names
-    ({} without one)."""
-    path = os.environ.get(PINS_ENV)
-    return _read_pins(path) if path else {}
+# ------------------------------------------------------------------ configs for the lanes and workers
+def configured(path, autotune: bool = False):
+    """Within: PARITY_FLA_CONFIGS names `path` (a pins file or a table directory; nothing changes for
+    None) and PARITY_FLA_AUTOTUNE says `autotune`, for the processes started within; put back after."""
+    values = {} if path is None else {environ.FLA_CONFIGS: str(path)}
+    if autotune:
+        values[environ.FLA_AUTOTUNE] = "1"
+    return environ.exported(values)

@@ -2,20 +2,19 @@
 
 `TRITON_INTERPRET=1` makes `triton.jit` build interpreted kernels, but alone it neither runs
 FLA's kernels nor computes the numbers an H100 computes (1.-3. and 7. below).
-`enable()` handles them by patching the imported triton classes at run time; no installed
-file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster, 5. and 6.).
+`enable()` handles 2., 3. and 7. by patching the imported triton classes at run time; no
+installed file is modified (and makes FLA take an H100's tiles, 4., and the interpreter faster,
+5. and 6.); 1. is parity.execute.backends.fla_launches's, the same as on a GPU.
 The patches work under Triton 3.6, 3.7 and 3.9 (3.6.0: torch 2.11's; 3.7.1: torch 2.12.1's; 3.9.0: the newest), with
 the same bits (tests/test_triton_versions.py); what 3.6 and 3.7 need besides is in 1. and 3.:
 
-1. Autotuning benchmarks every config, which needs a GPU driver. In the interpreter the
-   first config that survives the kernel's own pruning is taken, without benchmarking;
-   except that parameters known to leave every output bit unchanged (NEUTRAL_PARAMS: how
-   many heads one program instance handles; the state's key and value blocks of the kernels
-   whose dots sum over time alone) take their largest values among the configs otherwise
-   equal to that first one, since the interpreter's time is per program instance
-   (tests/test_fla_backend.py compares the outputs bit for bit). Triton 3.6 and 3.7 benchmark
-   even the one config left, through the GPU driver: there the benchmark times nothing
-   (_patch_benchmarker).
+1. Autotuning benchmarks every config, which needs a GPU driver. The interpreter times none:
+   each autotuned kernel runs the config parity.execute.backends.fla_configs chooses for its
+   key (a pinned config, a config table's, or the rule, as on a GPU), put in the autotuner's
+   cache before Triton's run looks (fla_launches.install), so Triton 3.6, 3.7 and 3.9 alike
+   take it without benchmarking. The rule's block sizes that change no bit (NEUTRAL_PARAMS)
+   take their largest values, since the interpreter's time is per program instance
+   (tests/test_fla_backend.py compares the outputs bit for bit).
 2. A plain Python `range` (and `tl.range`) loop variable is a tensor in a compiled kernel
    (FLA calls `i_t.to(tl.int64)` on it) but an int in the interpreter. Kernel sources are
    rewritten so those loops yield interpreter int32 scalars.
@@ -49,7 +48,14 @@ the same bits (tests/test_triton_versions.py); what 3.6 and 3.7 need besides is 
    (triton builds a 17-entry dict per call) is remembered per scalar type, and broadcasting two
    blocks of one shape, or two scalars, returns them as they are, as triton's own code does
    after comparing them dimension by dimension. kda-fwdbwd-B2-T128-H2-K64-V64-bf16-C128-g_logsig-h0:
-   about 15% less CPU time; the same bits (tests/test_fla_backend.py).
+   about 15% less CPU time; the same bits (tests/test_fla_backend.py). And the types every
+   operation makes are made once: a block type per (element type, shape) (interned: a type is a
+   value), a tensor's numel and shape constexprs per type (they depend on nothing else); a
+   bfloat16 operand is told by its type's name (triton's dtype equality compares names); 5.'s
+   language modules of a helper's module are found once (again when its globals change in
+   number). kda-fwdbwd-B2-T128-H2-K64-V64-fp32-C64-g_stress-h0-ht 8.1 s -> 4.9 s of CPU, gla's
+   K256/V512 case 3.0 -> 1.95 s; the ci and stages suites' FLA runs (`--seeds 2:2 -j 2`) 142 -> 95 s
+   and 40 -> 33 s on 2 cores, every one of their 575 tensors' errors the same to the last bit.
 7. `tl.cumsum` and `tl.cumprod` (and `tl.associative_scan` with their combine functions) combine
    in the order of Triton's GPU lowering of the scan, for the layout Triton gives the operand on
    sm_90 (parity.execute.backends.gpu_scan); numpy's cumsum adds sequentially, and FLA's g_cumsum
@@ -61,6 +67,7 @@ the same bits (tests/test_triton_versions.py); what 3.6 and 3.7 need besides is 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import os
 
@@ -142,10 +149,8 @@ def enable() -> None:
     request()
     if _enabled:
         return
-    from triton.runtime import autotuner, interpreter
+    from triton.runtime import interpreter
 
-    _patch_autotuner(autotuner.Autotuner)
-    _patch_benchmarker(autotuner.Autotuner)
     _patch_range(interpreter)
     _patch_builder_as_in_triton_3_9(interpreter)
     _patch_scan_order(interpreter)  # before 3., whose bfloat16 wrapper wraps the scans installed here
@@ -153,61 +158,6 @@ def enable() -> None:
     _patch_lang_once_per_launch(interpreter)
     _patch_front_end(interpreter)
     _enabled = True
-
-
-# 1. autotuning ---------------------------------------------------------------------------
-
-
-# kernel name -> meta-parameters that only batch independent work into one program instance:
-# - chunk_kda_fwd_kernel_intra_token_parallel's BH, the heads of one token per instance (each
-#   head's arithmetic is the same masked lanes whatever BH is; grid (B*T, cdiv(H, BH)));
-# - the state kernels' BK and BV, the block of the [K, V] state one instance owns: every dot in
-#   them sums over the chunk's tokens (h += k^T v, dh += q^T do), every gate is per element,
-#   so no state entry depends on the block it sits in (grid (cdiv(K, BK) * cdiv(V, BV), N * H)).
-# Larger values mean fewer instances to interpret.
-NEUTRAL_PARAMS = {
-    "chunk_kda_fwd_kernel_intra_token_parallel": ("BH",),
-    "chunk_fwd_kernel_h": ("BK", "BV"),
-    "chunk_bwd_kernel_dh": ("BK", "BV"),
-}
-
-
-def choose_config(kernel: str, configs: list):
-    """The config the interpreter runs: the first, with its NEUTRAL_PARAMS parameters raised to
-    the largest values among the configs that differ from the first only there (and in
-    num_warps / num_stages, which the interpreter ignores)."""
-    first = configs[0]
-    params = [p for p in NEUTRAL_PARAMS.get(kernel, ()) if p in first.kwargs]
-    if not params:
-        return first
-    rest = {k: v for k, v in first.kwargs.items() if k not in params}
-    same = [c for c in configs if {k: v for k, v in c.kwargs.items() if k not in params} == rest]
-    return max(same, key=lambda c: tuple(c.kwargs[p] for p in params))
-
-
-def _patch_autotuner(Autotuner) -> None:
-    original = Autotuner.prune_configs
-
-    @functools.wraps(original)
-    def one_config(self, kwargs):
-        return [choose_config(self.base_fn.__name__, original(self, kwargs))]
-
-    Autotuner.prune_configs = one_config
-
-
-def _patch_benchmarker(Autotuner) -> None:
-    """No timing in the interpreter. Triton 3.9 takes a key's config without benchmarking when
-    prune_configs leaves one; Triton 3.6 and 3.7 time the configs left even then, through
-    `do_bench`, which asks `driver.active` for the GPU's benchmarker (on a CPU: "RuntimeError:
-    0 active drivers"). Here `do_bench` runs nothing and times every config alike, so the
-    benchmark's min() takes the one config prune_configs left, as 3.9 does; what 3.6 and 3.7
-    do around the timing stays theirs (the key's cache, the pre-hook's reset of reset_to_zero
-    arguments, which FLA's ops here have none of). Under 3.9 it is not reached."""
-
-    def untimed(kernel_call, quantiles=None):
-        return [0.0] * len(quantiles) if quantiles else 0.0
-
-    Autotuner.do_bench = property(lambda self: untimed)
 
 
 # 2. range loop variables -----------------------------------------------------------------
@@ -330,7 +280,7 @@ class _Bfloat16:
         self.np_bfloat16 = np.dtype(ml_dtypes.bfloat16)
 
     def is_bf16(self, h) -> bool:
-        return h is not None and h.dtype.scalar == self.tl.bfloat16
+        return h is not None and h.dtype.scalar.name == "bf16"  # triton's dtype equality, by name
 
     def widen(self, h):
         """bfloat16 bits -> the float32 handle of their value; others unchanged."""
@@ -521,13 +471,24 @@ def _patch_lang_once_per_launch(interpreter) -> None:
         def restore(self):
             pass
 
+    found: dict[int, tuple[int, set[int]]] = {}  # id of a module's globals -> (their count, its language modules)
+
+    def language_modules(fn) -> set[int]:
+        """Ids of triton.language and triton.language.core among fn's module's globals (looked up
+        again when that module's globals change in number)."""
+        g = fn.__globals__
+        known = found.get(id(g))
+        if known is None or known[0] != len(g):
+            known = found[id(g)] = (len(g), {id(m) for m in g.values() if inspect.ismodule(m) and m in (tl, tl.core)})
+        return known[1]
+
     def patch_lang(fn):
-        langs = {id(m) for m in fn.__globals__.values() if inspect.ismodule(m) and m in (tl, tl.core)}
+        langs = language_modules(fn)
         if not launches:  # a kernel launch (GridExecutor): it restores the scope when it ends
             return Launch(original(fn), langs)
         if langs <= launches[-1]:  # a helper called inside the launch: nothing left to patch
             return AlreadyPatched()
-        launches[-1] |= langs
+        launches[-1] = launches[-1] | langs
         return original(fn)  # as triton does: the helper's scope is never restored
 
     patch_lang.original = original  # triton's own (tests compare the two)
@@ -570,6 +531,40 @@ def _patch_front_end(interpreter) -> None:
 
     broadcast_impl_value.original = broadcast
     semantic.TritonSemantic.broadcast_impl_value = broadcast_impl_value
+
+    tensor_init = tl.tensor.__init__
+    by_type: dict[str, tuple] = {}
+
+    def tensor(self, handle, type):
+        """triton's tensor.__init__, its numel and shape (constexprs, a function of its type alone,
+        which no code changes) made once per type: every operation makes a tensor."""
+        made = by_type.get(type.name)
+        if made is None:
+            tensor_init(self, handle, type)
+            by_type[type.name] = (self.numel, self.shape)
+            return
+        self.handle, self.type, self.dtype = handle, type, type.scalar
+        self.numel, self.shape = made
+
+    tensor.original = tensor_init
+    tl.tensor.__init__ = tensor
+
+    block_init = tl.block_type.__init__
+    interned: dict[tuple, object] = {}
+
+    def block_type(cls, element_ty, shape):
+        """triton's block types made once per (element type, shape): a block type is a value (its
+        element type, shape, numel and name), and every operation asks for its result's."""
+        key = (element_ty.name, builtins.tuple(getattr(s, "value", s) for s in shape))
+        made = interned.get(key)
+        if made is None:
+            made = interned[key] = object.__new__(cls)
+            block_init(made, element_ty, shape)
+        return made
+
+    tl.block_type.__new__ = block_type
+    tl.block_type.__init__ = lambda self, element_ty, shape: None  # made in __new__
+    tl.block_type.__init__.original = block_init
 
 
 # 7. the GPU's scan order -----------------------------------------------------------------
